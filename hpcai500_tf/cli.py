@@ -1,0 +1,142 @@
+"""The hpcai500-tf command: parses arguments, dispatches, prints. The logic lives elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from hpcai500_tf import __version__
+from hpcai500_tf.errors import UserError
+
+
+def _sysinfo(args: argparse.Namespace) -> int:
+    from hpcai500_tf import layers
+
+    observed = layers.system_layers()
+    if args.json:
+        print(json.dumps(observed, indent=2))
+        return 0
+    from hpcai500_tf.report.console import console, layers_table
+
+    console.print(layers_table(observed, "This machine: layers L1-L5"))
+    console.print(
+        "[dim]L6-L9 (programming model, workload, hyperparameters, problem) are set "
+        "by each run and recorded in its result file.[/dim]"
+    )
+    return 0
+
+
+def _load_records(paths: list[str]) -> list[tuple[str, dict]]:
+    from hpcai500_tf import record
+
+    return [(path, record.load(path)) for path in paths]
+
+
+def _score(args: argparse.Namespace) -> int:
+    from hpcai500_tf import config, scoring
+
+    results = []
+    for path, rec in _load_records(args.records):
+        benchmark = config.load_benchmark(rec["benchmark"])
+        results.append((path, rec, scoring.score(rec, benchmark, cap=args.cap)))
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([{"record": p, **asdict(s)} for p, _, s in results], indent=2))
+        return 0
+    from hpcai500_tf.report.console import console, score_table
+
+    for path, rec, score in results:
+        console.print(score_table(path, rec, score))
+    return 0
+
+
+def _rank(args: argparse.Namespace) -> int:
+    from hpcai500_tf import config, scoring
+
+    records = _load_records(args.records)
+    name = args.benchmark
+    if name is None:
+        names = sorted({rec["benchmark"] for _, rec in records})
+        if len(names) > 1:
+            raise UserError(
+                f"records of several benchmarks ({', '.join(names)}): choose one with --benchmark"
+            )
+        name = names[0]
+    benchmark = config.load_benchmark(name)
+    level = config.load_level(args.level)
+    _, repeatability = config.load_levels()
+    if args.max_cv is not None:
+        if args.max_cv <= 0:
+            raise UserError(f"--max-cv must be > 0, got {args.max_cv}")
+        repeatability = config.Repeatability(repeatability.olympic_min_runs, args.max_cv)
+    ranking = scoring.rank(records, benchmark, level, repeatability, cap=args.cap)
+    if args.json:
+        print(json.dumps(scoring.ranking_to_json(ranking), indent=2))
+        return 0
+    from hpcai500_tf.report.console import console, ranking_table, refused_table
+
+    console.print(ranking_table(ranking))
+    if any(s.flagged for s in ranking.submissions):
+        console.print(
+            f"[red]Red: variation above {repeatability.max_cv:.0%} between runs of "
+            "one submission.[/red]"
+        )
+    if ranking.refused:
+        console.print(refused_table(ranking.refused))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpcai500-tf",
+        description="HPC AI500 V2.0 benchmark in TensorFlow/Keras.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sysinfo = commands.add_parser("sysinfo", help="show the observable layers of this machine")
+    sysinfo.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sysinfo.set_defaults(handler=_sysinfo)
+
+    score = commands.add_parser("score", help="recompute FLOPS and Valid FLOPS of result records")
+    score.add_argument("records", nargs="+", metavar="RECORD")
+    score.add_argument(
+        "--cap",
+        action="store_true",
+        help="cap the quality factor at 1 (off by default, as published)",
+    )
+    score.add_argument("--json", action="store_true")
+    score.set_defaults(handler=_score)
+
+    rank = commands.add_parser("rank", help="rank comparable result records by Valid FLOPS")
+    rank.add_argument("records", nargs="+", metavar="RECORD")
+    rank.add_argument("--level", default="free", help="free, system or hardware (default free)")
+    rank.add_argument("--benchmark", help="rank this benchmark; other records are refused")
+    rank.add_argument("--cap", action="store_true", help="cap the quality factor at 1")
+    rank.add_argument(
+        "--max-cv", type=float, help="flag submissions whose run-to-run variation exceeds this"
+    )
+    rank.add_argument("--json", action="store_true")
+    rank.set_defaults(handler=_rank)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ banners quiet
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UserError as error:
+        print(f"hpcai500-tf: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hpcai500-tf: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

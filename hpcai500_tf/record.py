@@ -1,0 +1,237 @@
+"""The result record: one versioned JSON file per run, written atomically, validated on load.
+
+A record holds everything needed to recompute the run's score and to judge whether two runs
+are comparable. Scores themselves are never stored: `scoring` derives them on every read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hpcai500_tf.config import LAYER_IDS
+from hpcai500_tf.errors import UserError
+
+SCHEMA_VERSION = 1
+KIND = "hpcai500-record"
+STATUSES = ("completed", "diverged", "stopped", "imported")
+LAYER_KEYS = {
+    "L1": "hardware",
+    "L2": "os",
+    "L3": "communication",
+    "L4": "accelerator_libraries",
+    "L5": "framework",
+    "L6": "programming_model",
+    "L7": "workload",
+    "L8": "hyperparameters",
+    "L9": "problem",
+}
+
+# Field specs: a type name, "?" suffix for nullable, a dict for a nested object, or a
+# one-element list for "list of". Unknown extra fields are allowed (forward-compatible).
+_CURVE_POINT = {"epoch": "num", "elapsed_s": "num", "examples": "int", "value": "num"}
+_SCHEMA: dict[str, Any] = {
+    "schema_version": "int",
+    "kind": "str",
+    "benchmark": "str",
+    "preset": "str",
+    "level": "str",
+    "status": "str",
+    "rankable": "bool",
+    "not_rankable_reasons": ["str"],
+    "source": {"tool": "str", "tool_version": "str", "framework": "str", "imported_from": "str?"},
+    "layers": {layer: "dict" for layer in LAYER_IDS},
+    "config": "dict",
+    "timeline": {
+        "init_start": "num",
+        "run_start": "num",
+        "run_stop": "num",
+        "segments": [{"start": "num", "stop": "num"}],
+        "epochs": [{"epoch": "int", "elapsed_s": "num", "examples": "int"}],
+    },
+    "quality": {
+        "metric": "str",
+        "target": "num",
+        "achieved": "num",
+        "final": "num",
+        "reached_target": "bool",
+        "time_to_quality_s": "num",
+        "examples_to_quality": "int",
+        "curve": [_CURVE_POINT],
+    },
+    "flops": {
+        "per_example_training": "num",
+        "per_example_forward": "num?",
+        "analytical_per_example_forward": "num?",
+        "method": "str",
+        "counted_op_types": ["str"],
+        "uncounted_op_types": ["str"],
+        "total": "num",
+    },
+    "energy": {
+        "measured": "bool",
+        "reason": "str?",
+        "joules": "num?",
+        "interval_s": "num?",
+        "scope": "str?",
+        "sources": ["dict"],
+    },
+    "warnings": ["str"],
+    "artifacts": "dict",
+}
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "num":
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
+    if kind == "dict":
+        return isinstance(value, dict)
+    raise ValueError(f"unknown schema type {kind}")
+
+
+_TYPE_WORDS = {
+    "str": "a string",
+    "bool": "true or false",
+    "int": "an integer",
+    "num": "a finite number",
+    "dict": "an object",
+}
+
+
+def _check(value: Any, spec: Any, where: str, path: Path) -> None:
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            raise UserError(f"{path}: field '{where}' must be an object")
+        for key, sub in spec.items():
+            name = f"{where}.{key}" if where else key
+            if key not in value:
+                raise UserError(f"{path}: missing field '{name}'")
+            _check(value[key], sub, name, path)
+    elif isinstance(spec, list):
+        if not isinstance(value, list):
+            raise UserError(f"{path}: field '{where}' must be a list")
+        for index, item in enumerate(value):
+            _check(item, spec[0], f"{where}[{index}]", path)
+    else:
+        nullable = spec.endswith("?")
+        kind = spec.rstrip("?")
+        if value is None and nullable:
+            return
+        if not _type_ok(value, kind):
+            raise UserError(f"{path}: field '{where}' must be {_TYPE_WORDS[kind]}, got {value!r}")
+
+
+def _check_values(record: dict, path: Path) -> None:
+    def bad(field: str, expected: str, got: Any) -> UserError:
+        return UserError(f"{path}: field '{field}' must be {expected}, got {got!r}")
+
+    if record["status"] not in STATUSES:
+        raise bad("status", f"one of {', '.join(STATUSES)}", record["status"])
+    quality = record["quality"]
+    for key in ("target", "achieved", "final"):
+        if not 0 < quality[key] <= 1:
+            raise bad(f"quality.{key}", "in (0, 1]", quality[key])
+    for index, point in enumerate(quality["curve"]):
+        if not 0 <= point["value"] <= 1:
+            raise bad(f"quality.curve[{index}].value", "in [0, 1]", point["value"])
+    if quality["time_to_quality_s"] <= 0:
+        raise bad("quality.time_to_quality_s", "> 0 seconds", quality["time_to_quality_s"])
+    if quality["examples_to_quality"] <= 0:
+        raise bad("quality.examples_to_quality", "> 0", quality["examples_to_quality"])
+    timeline = record["timeline"]
+    if timeline["run_stop"] <= timeline["run_start"]:
+        raise bad("timeline.run_stop", "after timeline.run_start", timeline["run_stop"])
+    for index, segment in enumerate(timeline["segments"]):
+        if segment["stop"] <= segment["start"]:
+            raise bad(f"timeline.segments[{index}].stop", "after its start", segment["stop"])
+    flops = record["flops"]
+    if flops["per_example_training"] <= 0:
+        raise bad("flops.per_example_training", "> 0", flops["per_example_training"])
+    expected_total = flops["per_example_training"] * quality["examples_to_quality"]
+    if not math.isclose(flops["total"], expected_total, rel_tol=1e-6):
+        raise bad(
+            "flops.total",
+            f"flops.per_example_training x quality.examples_to_quality = {expected_total:.6g}",
+            flops["total"],
+        )
+    energy = record["energy"]
+    if energy["measured"]:
+        for key in ("joules", "interval_s"):
+            if energy[key] is None or energy[key] <= 0:
+                raise bad(f"energy.{key}", "> 0 when energy.measured is true", energy[key])
+        if not energy["scope"]:
+            raise bad("energy.scope", "set when energy.measured is true", energy["scope"])
+    elif not energy["reason"]:
+        raise bad("energy.reason", "a reason when energy.measured is false", energy["reason"])
+
+
+def validate(record: Any, path: Path | str = "<record>") -> dict:
+    """Check a decoded record; raise UserError naming the file, the field and what was expected."""
+    path = Path(path)
+    if not isinstance(record, dict):
+        raise UserError(f"{path}: a record must be a JSON object")
+    if record.get("kind") != KIND:
+        raise UserError(f"{path}: not an hpcai500 record (field 'kind' must be '{KIND}')")
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise UserError(
+            f"{path}: schema_version {version!r} is not supported "
+            f"(this tool reads {SCHEMA_VERSION})"
+        )
+    _check(record, _SCHEMA, "", path)
+    _check_values(record, path)
+    return record
+
+
+def load(path: Path | str) -> dict:
+    """Read and validate one record file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such record file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: cannot read record ({error.__class__.__name__})") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    return validate(record, path)
+
+
+def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Path:
+    """Write JSON through a temp file and rename, so a crash never leaves half a file."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise UserError(f"{path}: already exists; refusing to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save(path: Path | str, record: dict, *, overwrite: bool = False) -> Path:
+    """Validate, then write atomically: an invalid record is never written."""
+    validate(record, path)
+    return write_atomic(path, record, overwrite=overwrite)

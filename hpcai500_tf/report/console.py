@@ -1,0 +1,133 @@
+"""Rich tables for the CLI: system layers, score cards, rankings."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from hpcai500_tf.record import LAYER_KEYS
+from hpcai500_tf.scoring import Ranking, Score
+
+console = Console()
+
+
+def si(value: float | None, unit: str) -> str:
+    """A number with an SI prefix: si(2.01e16, 'FLOPS') -> '20.10 PFLOPS'."""
+    if value is None:
+        return "-"
+    for factor, prefix in (
+        (1e18, "E"),
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+    ):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
+    return f"{seconds / 3600:.2f} h ({seconds:.0f} s)"
+
+
+def _value(value) -> str:
+    if isinstance(value, list):
+        if value and isinstance(value[0], dict):
+            return "; ".join(", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
+        return ", ".join(str(v) for v in value) or "-"
+    if value is None:
+        return "[dim]not observed[/dim]"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 1 << 30:
+        return f"{value / (1 << 30):.1f} GiB"
+    return str(value)
+
+
+def layers_table(layers: dict[str, dict], title: str = "The nine layers") -> Table:
+    table = Table(title=title)
+    table.add_column("Layer", style="bold")
+    table.add_column("Field")
+    table.add_column("Value", overflow="fold")
+    for layer, fields in layers.items():
+        name = f"{layer} {LAYER_KEYS[layer]}"
+        if table.row_count:
+            table.add_section()
+        for index, (key, value) in enumerate(fields.items()):
+            table.add_row(name if index == 0 else "", key, _value(value))
+    return table
+
+
+def score_table(path: str, record: dict, score: Score) -> Table:
+    table = Table(title=f"{record['benchmark']} / {record['preset']}: {path}", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    quality = record["quality"]
+    reached = "reached" if quality["reached_target"] else "[red]not reached[/red]"
+    table.add_row("Status", record["status"])
+    table.add_row(
+        "Quality", f"{score.quality:.4f} {quality['metric']} (target {score.target}, {reached})"
+    )
+    table.add_row("Time to quality", duration(score.time_to_quality_s))
+    table.add_row("Total FLOPs", f"{score.total_flops:.4g} ({record['flops']['method']})")
+    table.add_row("FLOPS", si(score.flops, "FLOPS"))
+    penalty = f"(q/target)^{score.penalty_exponent:g} = {score.quality_factor:.4f}"
+    if score.capped:
+        penalty += " (capped at 1)"
+    table.add_row("Quality factor", penalty)
+    table.add_row("Valid FLOPS", f"[bold green]{si(score.valid_flops, 'FLOPS')}[/bold green]")
+    if score.valid_flops_per_watt is not None:
+        table.add_row("Average power", si(score.average_watts, "W"))
+        table.add_row("Valid FLOPS per watt", si(score.valid_flops_per_watt, "FLOPS/W"))
+    table.add_row("Energy", score.energy_note)
+    if not record["rankable"]:
+        table.add_row(
+            "Rankable", "[yellow]no[/yellow]: " + "; ".join(record["not_rankable_reasons"])
+        )
+    for warning in record["warnings"]:
+        table.add_row("Warning", f"[yellow]{warning}[/yellow]")
+    return table
+
+
+def ranking_table(ranking: Ranking) -> Table:
+    table = Table(title=f"{ranking.benchmark}: {ranking.level} level")
+    for column in (
+        "#",
+        "System",
+        "Runs",
+        "Valid FLOPS",
+        "Time to quality",
+        "CV time",
+        "CV Valid FLOPS",
+    ):
+        table.add_column(column)
+
+    def cv(value: float | None, flagged: bool) -> str:
+        if value is None:
+            return "-"
+        return f"[red]{value:.1%}[/red]" if flagged else f"{value:.1%}"
+
+    for position, s in enumerate(ranking.submissions, start=1):
+        table.add_row(
+            str(position),
+            s.label,
+            str(len(s.paths)),
+            si(s.valid_flops, "FLOPS"),
+            duration(s.time_to_quality_s),
+            cv(s.cv_time_to_quality, s.flagged),
+            cv(s.cv_valid_flops, s.flagged),
+        )
+    return table
+
+
+def refused_table(refused: list[tuple[str, list[str]]]) -> Table:
+    table = Table(title="Refused records", show_lines=True)
+    table.add_column("Record", overflow="fold")
+    table.add_column("Rule broken", overflow="fold")
+    for path, reasons in refused:
+        table.add_row(path, "\n".join(reasons))
+    return table

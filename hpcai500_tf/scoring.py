@@ -1,0 +1,215 @@
+"""Scores derived from a record: FLOPS, Valid FLOPS, Valid FLOPS per watt; ranking of submissions.
+
+FLOPS = total FLOPs / time-to-quality. Valid FLOPS = FLOPS x (achieved / target)^n, as
+published (no cap unless asked). Valid FLOPS per watt = Valid FLOPS / average measured power.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcai500_tf.config import LAYER_IDS, Benchmark, Level, Repeatability
+from hpcai500_tf.record import LAYER_KEYS
+
+
+@dataclass(frozen=True)
+class Score:
+    quality: float
+    target: float
+    penalty_exponent: float
+    quality_factor: float
+    capped: bool
+    time_to_quality_s: float
+    total_flops: float
+    flops: float
+    valid_flops: float
+    average_watts: float | None
+    valid_flops_per_watt: float | None
+    energy_note: str
+
+
+def quality_factor(quality: float, target: float, exponent: float, cap: bool = False) -> float:
+    """(quality / target)^n; with `cap`, never above 1 (the published formula has no cap)."""
+    if not 0 < quality <= 1 or not 0 < target <= 1:
+        raise ValueError(f"quality {quality} and target {target} must be in (0, 1]")
+    factor = (quality / target) ** exponent
+    return min(factor, 1.0) if cap else factor
+
+
+def valid_flops(
+    total_flops: float,
+    seconds: float,
+    quality: float,
+    target: float,
+    exponent: float,
+    cap: bool = False,
+) -> float:
+    if seconds <= 0:
+        raise ValueError(f"time must be > 0 seconds, got {seconds}")
+    return total_flops / seconds * quality_factor(quality, target, exponent, cap)
+
+
+def score(record: dict, benchmark: Benchmark, cap: bool = False) -> Score:
+    """Recompute a record's scores; target from the run's problem (L9), n from the benchmark."""
+    quality = record["quality"]
+    target = quality["target"]
+    factor = quality_factor(quality["achieved"], target, benchmark.penalty_exponent, cap)
+    seconds = quality["time_to_quality_s"]
+    total = record["flops"]["total"]
+    flops = total / seconds
+    valid = flops * factor
+    energy = record["energy"]
+    if energy["measured"]:
+        watts = energy["joules"] / energy["interval_s"]
+        per_watt = valid / watts
+        note = f"measured: {energy['scope']}"
+    else:
+        watts = per_watt = None
+        note = f"not measured: {energy['reason']}"
+    return Score(
+        quality=quality["achieved"],
+        target=target,
+        penalty_exponent=benchmark.penalty_exponent,
+        quality_factor=factor,
+        capped=cap and (quality["achieved"] / target) ** benchmark.penalty_exponent > 1,
+        time_to_quality_s=seconds,
+        total_flops=total,
+        flops=flops,
+        valid_flops=valid,
+        average_watts=watts,
+        valid_flops_per_watt=per_watt,
+        energy_note=note,
+    )
+
+
+def refusal(record: dict, benchmark: Benchmark, level: Level) -> list[str]:
+    """Every rule of the level this record breaks; empty when it may be ranked."""
+    reasons = []
+    if record["benchmark"] != benchmark.name:
+        return [f"benchmark '{record['benchmark']}', not '{benchmark.name}'"]
+    if record["status"] not in ("completed", "imported"):
+        reasons.append(f"run status is '{record['status']}'")
+    if not record["rankable"]:
+        reasons.append("not rankable: " + "; ".join(record["not_rankable_reasons"]))
+    problem = record["layers"]["L9"]
+    for key, expected in benchmark.problem().items():
+        if problem.get(key) != expected:
+            reasons.append(f"L9 problem: {key} {problem.get(key)!r} is not {expected!r}")
+    for layer in LAYER_IDS[:-1]:
+        if layer in level.may_differ:
+            continue
+        actual = record["layers"][layer]
+        for key, expected in benchmark.reference_layers.get(layer, {}).items():
+            if actual.get(key) != expected:
+                reasons.append(
+                    f"{layer} {LAYER_KEYS[layer]}: {key} {actual.get(key)!r} differs from the "
+                    f"reference {expected!r} (fixed at the {level.name} level)"
+                )
+    return reasons
+
+
+def _cv(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else None
+
+
+def olympic(values: list[float], min_runs: int) -> list[float]:
+    """Drop the lowest and highest value when there are at least `min_runs` values."""
+    if len(values) >= min_runs:
+        return sorted(values)[1:-1]
+    return list(values)
+
+
+@dataclass
+class Submission:
+    """Runs that agree on all nine layers: one system, scored by the mean of its runs."""
+
+    label: str
+    paths: list[str] = field(default_factory=list)
+    scores: list[Score] = field(default_factory=list)
+    valid_flops: float = 0.0
+    time_to_quality_s: float = 0.0
+    cv_time_to_quality: float | None = None
+    cv_valid_flops: float | None = None
+    flagged: bool = False
+
+
+@dataclass
+class Ranking:
+    benchmark: str
+    level: str
+    submissions: list[Submission]
+    refused: list[tuple[str, list[str]]]
+
+
+def _label(record: dict) -> str:
+    hardware = record["layers"]["L1"]
+    framework = record["layers"]["L5"]
+    system = hardware.get("summary") or hardware.get("cpu_model") or "unknown system"
+    stack = " ".join(
+        str(framework[k]) for k in ("framework", "framework_version") if framework.get(k)
+    )
+    return f"{system} | {stack}" if stack else system
+
+
+def rank(
+    records: list[tuple[str, dict]],
+    benchmark: Benchmark,
+    level: Level,
+    repeatability: Repeatability,
+    cap: bool = False,
+) -> Ranking:
+    """Rank records by Valid FLOPS at a level, grouping equal-layer records into submissions."""
+    groups: dict[str, Submission] = {}
+    refused = []
+    for path, record in records:
+        reasons = refusal(record, benchmark, level)
+        if reasons:
+            refused.append((path, reasons))
+            continue
+        key = json.dumps(record["layers"], sort_keys=True)
+        submission = groups.setdefault(key, Submission(label=_label(record)))
+        submission.paths.append(path)
+        submission.scores.append(score(record, benchmark, cap))
+    for submission in groups.values():
+        valid = [s.valid_flops for s in submission.scores]
+        times = [s.time_to_quality_s for s in submission.scores]
+        submission.valid_flops = statistics.fmean(olympic(valid, repeatability.olympic_min_runs))
+        submission.time_to_quality_s = statistics.fmean(
+            olympic(times, repeatability.olympic_min_runs)
+        )
+        submission.cv_valid_flops = _cv(valid)
+        submission.cv_time_to_quality = _cv(times)
+        submission.flagged = any(
+            cv is not None and cv > repeatability.max_cv
+            for cv in (submission.cv_valid_flops, submission.cv_time_to_quality)
+        )
+    ordered = sorted(groups.values(), key=lambda s: s.valid_flops, reverse=True)
+    return Ranking(benchmark.name, level.name, ordered, refused)
+
+
+def ranking_to_json(ranking: Ranking) -> dict:
+    return {
+        "benchmark": ranking.benchmark,
+        "level": ranking.level,
+        "submissions": [
+            {
+                "rank": position,
+                "label": s.label,
+                "runs": len(s.paths),
+                "records": [str(Path(p)) for p in s.paths],
+                "valid_flops": s.valid_flops,
+                "time_to_quality_s": s.time_to_quality_s,
+                "cv_valid_flops": s.cv_valid_flops,
+                "cv_time_to_quality": s.cv_time_to_quality,
+                "flagged_variation": s.flagged,
+            }
+            for position, s in enumerate(ranking.submissions, start=1)
+        ],
+        "refused": [{"record": p, "reasons": r} for p, r in ranking.refused],
+    }
