@@ -11,7 +11,27 @@ from hpcai500_tf import __version__
 from hpcai500_tf.errors import UserError
 
 
+def _import_tensorflow() -> None:
+    """Import TensorFlow with its native start-up banners (written to fd 2 before its logging
+    is configured, so TF_CPP_MIN_LOG_LEVEL cannot silence them) kept off the console."""
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _sysinfo(args: argparse.Namespace) -> int:
+    _import_tensorflow()
     from hpcai500_tf import layers
 
     observed = layers.system_layers()
@@ -89,6 +109,66 @@ def _rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from hpcai500_tf import config
+
+    setup = config.prepare(args.benchmark, args.preset, args.set)  # validates before TF loads
+    _import_tensorflow()
+    from hpcai500_tf import scoring
+    from hpcai500_tf.engine import run
+    from hpcai500_tf.report.console import console, score_table
+    from hpcai500_tf.report.live import LiveView
+
+    console.print(f"[bold]{setup.benchmark.title}[/bold], preset '{args.preset}'")
+    view = LiveView()
+    try:
+        record, path = run.train(setup, args.data, args.out, args.resume, view)
+    finally:
+        view.close()
+    console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}")
+    if record["status"] != "completed":
+        console.print(f"[red]run {record['status']}[/red]: " + "; ".join(record["warnings"]))
+        return 1
+    if not record["quality"]["measured"]:
+        console.print("throughput-only run (random data): quality not measured, no score")
+        return 0
+    benchmark = config.load_benchmark(record["benchmark"])
+    console.print(score_table(str(path), record, scoring.score(record, benchmark)))
+    return 0
+
+
+def _flops(args: argparse.Namespace) -> int:
+    from hpcai500_tf import config
+
+    setup = config.prepare(args.benchmark, args.preset, args.set)
+    _import_tensorflow()
+    from hpcai500_tf.engine import run
+
+    report = run.flops_report(setup, args.data)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    from hpcai500_tf.report.console import console, flops_table
+
+    console.print(flops_table(args.benchmark, args.preset, report))
+    return 0
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("benchmark", help="image_classification")
+    parser.add_argument(
+        "--preset", default="smoke", help="reference, smoke or tiny (default smoke: built-in data)"
+    )
+    parser.add_argument("--data", help="dataset directory (ImageNet TFRecords for 'reference')")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value, e.g. training.epochs=3 (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpcai500-tf",
@@ -96,6 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="run a benchmark to its epoch budget and score it")
+    _add_run_arguments(train)
+    train.add_argument("--out", default="runs", help="where run directories go (default runs/)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
+    train.set_defaults(handler=_train)
+
+    flops = commands.add_parser("flops", help="FLOPs per example of a benchmark's train step")
+    _add_run_arguments(flops)
+    flops.add_argument("--json", action="store_true")
+    flops.set_defaults(handler=_flops)
 
     sysinfo = commands.add_parser("sysinfo", help="show the observable layers of this machine")
     sysinfo.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -141,3 +141,175 @@ def load_level(name: str, config_dir: Path = CONFIG_DIR) -> Level:
     if name not in levels:
         raise UserError(f"unknown level '{name}' (known: {', '.join(levels)})")
     return levels[name]
+
+
+# ---------------------------------------------------------------- presets and run configs
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise UserError(f"--set '{text}': expected SECTION.KEY=VALUE")
+    dotted, raw = text.split("=", 1)
+    keys = dotted.strip().split(".")
+    if len(keys) != 2 or not all(keys):
+        raise UserError(f"--set '{text}': the key must be SECTION.KEY, e.g. training.epochs")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word is a string
+    return keys, value
+
+
+def resolve_preset(benchmark: Benchmark, preset: str, overrides: list[str] = ()) -> dict:
+    """The preset's table with its `inherits` chain merged in and `--set` overrides applied."""
+    if preset not in benchmark.presets:
+        known = ", ".join(benchmark.presets) or "none"
+        raise UserError(f"unknown preset '{preset}' for {benchmark.name} (known: {known})")
+    chain, name = [], preset
+    while name is not None:
+        if name in chain:
+            raise UserError(f"preset '{preset}': 'inherits' forms a loop ({' -> '.join(chain)})")
+        if name not in benchmark.presets:
+            raise UserError(f"preset '{chain[-1]}' inherits unknown preset '{name}'")
+        chain.append(name)
+        name = benchmark.presets[name].get("inherits")
+    resolved: dict = {}
+    for name in reversed(chain):
+        resolved = _deep_merge(resolved, benchmark.presets[name])
+    resolved.pop("inherits", None)
+    for text in overrides:
+        (section, key), value = _parse_override(text)
+        if section not in resolved or not isinstance(resolved[section], dict):
+            raise UserError(
+                f"--set '{text}': unknown section '{section}' "
+                f"(sections: {', '.join(k for k in resolved if isinstance(resolved[k], dict))})"
+            )
+        if key not in resolved[section]:
+            raise UserError(f"--set '{text}': unknown key '{section}.{key}'")
+        resolved[section][key] = value
+    return resolved
+
+
+def section(cls, table: Any, where: str):
+    """Build dataclass `cls` from a config table: unknown keys, wrong types and ranges refused.
+
+    `cls` may define `check(self) -> str | None` returning what is wrong.
+    """
+    if not isinstance(table, dict):
+        raise UserError(f"config: '{where}' must be a table")
+    fields = {f.name: f for f in cls.__dataclass_fields__.values()}
+    for key in table:
+        if key not in fields:
+            raise UserError(f"config: unknown key '{where}.{key}' (known: {', '.join(fields)})")
+    values = {}
+    for name, spec in fields.items():
+        if name not in table:
+            raise UserError(f"config: missing key '{where}.{name}'")
+        value, kind = table[name], spec.type
+        expected = {
+            "int": int,
+            "float": (int, float),
+            "str": str,
+            "bool": bool,
+            "list[int]": list,
+            "list[str]": list,
+        }[kind]
+        if isinstance(value, bool) and kind != "bool" or not isinstance(value, expected):
+            raise UserError(f"config: '{where}.{name}' must be {kind}, got {value!r}")
+        values[name] = float(value) if kind == "float" else value
+    built = cls(**values)
+    problem = built.check() if hasattr(built, "check") else None
+    if problem:
+        raise UserError(f"config: {where}: {problem}")
+    return built
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Engine settings: how the run is distributed, timed, evaluated and checkpointed."""
+
+    epochs: int
+    target_quality: float
+    batch_per_replica: int
+    precision: str  # fp32 | mixed (mixed_float16 on GPU, mixed_bfloat16 on CPU)
+    xla: bool
+    strategy: str  # default | mirrored | multi_worker
+    eval_every: int
+    checkpoint_every: int
+    seed: int
+    deterministic: bool
+
+    def check(self) -> str | None:
+        if self.epochs < 1:
+            return f"epochs must be >= 1, got {self.epochs}"
+        if not 0 < self.target_quality <= 1:
+            return f"target_quality must be in (0, 1], got {self.target_quality}"
+        if self.batch_per_replica < 1:
+            return f"batch_per_replica must be >= 1, got {self.batch_per_replica}"
+        if self.precision not in ("fp32", "mixed"):
+            return f"precision must be 'fp32' or 'mixed', got '{self.precision}'"
+        if self.strategy not in ("default", "mirrored", "multi_worker"):
+            return f"strategy must be default, mirrored or multi_worker, got '{self.strategy}'"
+        if self.eval_every < 1 or self.checkpoint_every < 0:
+            return "eval_every must be >= 1 and checkpoint_every >= 0"
+        return None
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str  # sgd | lars
+    momentum: float
+    weight_decay: float
+    decay_all_variables: bool  # the reference decays BN and bias variables too
+    base_learning_rate: float  # per 256 examples of global batch
+    warmup_epochs: float
+    schedule: str  # cosine | step
+    step_boundaries: list[int]  # epochs, for the step schedule
+    step_factor: float
+    label_smoothing: float
+    lars_eta: float
+
+    def check(self) -> str | None:
+        if self.name not in ("sgd", "lars"):
+            return f"name must be 'sgd' or 'lars', got '{self.name}'"
+        if not 0 <= self.momentum < 1:
+            return f"momentum must be in [0, 1), got {self.momentum}"
+        if self.weight_decay < 0 or self.base_learning_rate <= 0 or self.warmup_epochs < 0:
+            return "weight_decay and warmup_epochs must be >= 0, base_learning_rate > 0"
+        if self.schedule not in ("cosine", "step"):
+            return f"schedule must be 'cosine' or 'step', got '{self.schedule}'"
+        if not 0 <= self.label_smoothing < 1:
+            return f"label_smoothing must be in [0, 1), got {self.label_smoothing}"
+        if self.lars_eta <= 0 or not 0 < self.step_factor <= 1:
+            return "lars_eta must be > 0 and step_factor in (0, 1]"
+        return None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A benchmark run's resolved and validated configuration."""
+
+    benchmark: Benchmark
+    preset: str
+    config: dict
+    training: TrainingConfig
+    optimizer: OptimizerConfig
+
+
+def prepare(benchmark_name: str, preset: str, overrides: list[str] = ()) -> Setup:
+    """Resolve and validate a run's config (pure Python: nothing of TensorFlow runs)."""
+    benchmark = load_benchmark(benchmark_name)
+    config = resolve_preset(benchmark, preset, overrides)
+    training = section(TrainingConfig, config.get("training"), "training")
+    optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
+    return Setup(benchmark, preset, config, training, optimizer)

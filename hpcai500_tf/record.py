@@ -54,13 +54,14 @@ _SCHEMA: dict[str, Any] = {
         "epochs": [{"epoch": "int", "elapsed_s": "num", "examples": "int"}],
     },
     "quality": {
+        "measured": "bool",
         "metric": "str",
         "target": "num",
-        "achieved": "num",
-        "final": "num",
+        "achieved": "num?",
+        "final": "num?",
         "reached_target": "bool",
-        "time_to_quality_s": "num",
-        "examples_to_quality": "int",
+        "time_to_quality_s": "num?",
+        "examples_to_quality": "int?",
         "curve": [_CURVE_POINT],
     },
     "flops": {
@@ -70,7 +71,7 @@ _SCHEMA: dict[str, Any] = {
         "method": "str",
         "counted_op_types": ["str"],
         "uncounted_op_types": ["str"],
-        "total": "num",
+        "total": "num?",
     },
     "energy": {
         "measured": "bool",
@@ -140,15 +141,22 @@ def _check_values(record: dict, path: Path) -> None:
     if record["status"] not in STATUSES:
         raise bad("status", f"one of {', '.join(STATUSES)}", record["status"])
     quality = record["quality"]
+    # A completed run that measured quality must carry its result; a diverged or stopped run,
+    # or a throughput-only run, may leave it out (and cannot be scored).
+    needs_result = quality["measured"] and record["status"] in ("completed", "imported")
+    result_fields = ("achieved", "final", "time_to_quality_s", "examples_to_quality")
+    for key in result_fields:
+        if needs_result and quality[key] is None:
+            raise bad(f"quality.{key}", "set for a completed run that measured quality", None)
     for key in ("target", "achieved", "final"):
-        if not 0 < quality[key] <= 1:
+        if quality[key] is not None and not 0 < quality[key] <= 1:
             raise bad(f"quality.{key}", "in (0, 1]", quality[key])
     for index, point in enumerate(quality["curve"]):
         if not 0 <= point["value"] <= 1:
             raise bad(f"quality.curve[{index}].value", "in [0, 1]", point["value"])
-    if quality["time_to_quality_s"] <= 0:
+    if quality["time_to_quality_s"] is not None and quality["time_to_quality_s"] <= 0:
         raise bad("quality.time_to_quality_s", "> 0 seconds", quality["time_to_quality_s"])
-    if quality["examples_to_quality"] <= 0:
+    if quality["examples_to_quality"] is not None and quality["examples_to_quality"] <= 0:
         raise bad("quality.examples_to_quality", "> 0", quality["examples_to_quality"])
     timeline = record["timeline"]
     if timeline["run_stop"] <= timeline["run_start"]:
@@ -159,8 +167,13 @@ def _check_values(record: dict, path: Path) -> None:
     flops = record["flops"]
     if flops["per_example_training"] <= 0:
         raise bad("flops.per_example_training", "> 0", flops["per_example_training"])
-    expected_total = flops["per_example_training"] * quality["examples_to_quality"]
-    if not math.isclose(flops["total"], expected_total, rel_tol=1e-6):
+    examples = quality["examples_to_quality"]
+    expected_total = None if examples is None else flops["per_example_training"] * examples
+    if expected_total is None and flops["total"] is not None:
+        raise bad("flops.total", "null when quality.examples_to_quality is null", flops["total"])
+    if expected_total is not None and (
+        flops["total"] is None or not math.isclose(flops["total"], expected_total, rel_tol=1e-6)
+    ):
         raise bad(
             "flops.total",
             f"flops.per_example_training x quality.examples_to_quality = {expected_total:.6g}",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcai500_tf.config import LAYER_IDS, Benchmark, Level, Repeatability
+from hpcai500_tf.errors import UserError
 from hpcai500_tf.record import LAYER_KEYS
 
 
@@ -55,6 +56,10 @@ def valid_flops(
 def score(record: dict, benchmark: Benchmark, cap: bool = False) -> Score:
     """Recompute a record's scores; target from the run's problem (L9), n from the benchmark."""
     quality = record["quality"]
+    if record["status"] not in ("completed", "imported"):
+        raise UserError(f"cannot score a run whose status is '{record['status']}'")
+    if not quality["measured"]:
+        raise UserError("cannot score a throughput-only run: its quality was not measured")
     target = quality["target"]
     factor = quality_factor(quality["achieved"], target, benchmark.penalty_exponent, cap)
     seconds = quality["time_to_quality_s"]
@@ -92,6 +97,8 @@ def refusal(record: dict, benchmark: Benchmark, level: Level) -> list[str]:
         return [f"benchmark '{record['benchmark']}', not '{benchmark.name}'"]
     if record["status"] not in ("completed", "imported"):
         reasons.append(f"run status is '{record['status']}'")
+    if not record["quality"]["measured"]:
+        reasons.append("quality not measured")
     if not record["rankable"]:
         reasons.append("not rankable: " + "; ".join(record["not_rankable_reasons"]))
     problem = record["layers"]["L9"]

@@ -131,3 +131,22 @@ def refused_table(refused: list[tuple[str, list[str]]]) -> Table:
     for path, reasons in refused:
         table.add_row(path, "\n".join(reasons))
     return table
+
+
+def flops_table(benchmark: str, preset: str, report: dict) -> Table:
+    table = Table(
+        title=f"{benchmark} / {preset}: FLOPs per example "
+        f"(global batch {report['global_batch']}, {report['precision']})"
+    )
+    table.add_column("Pass")
+    table.add_column("Profiled (TF op statistics)", justify="right")
+    table.add_column("Analytical (conv + dense)", justify="right")
+    forward, analytical = report["per_example_forward"], report["analytical_per_example_forward"]
+    table.add_row("forward", si(forward, "FLOPs"), si(analytical, "FLOPs"))
+    table.add_row(
+        "training (fwd + bwd + update)",
+        si(report["per_example_training"], "FLOPs"),
+        si(3 * analytical, "FLOPs") + " (3 x forward)",
+    )
+    table.caption = "uncounted op types: " + ", ".join(report["uncounted_op_types"])
+    return table

@@ -1,0 +1,137 @@
+"""ImageNet TFRecords in the standard layout (`train-*`, `validation-*`) with the reference
+preprocessing: training takes a random crop inside the bounding box (area 5-100 %, aspect
+3/4-4/3), flips it and resizes to the model size; evaluation resizes and takes the centre crop
+(87.5 % of the shorter side). Labels are `image/class/label` minus a configurable offset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tensorflow as tf
+
+from hpcai500_tf.errors import UserError
+
+FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+}
+CHANNEL_MEANS = (123.68, 116.78, 103.94)
+CHANNEL_STDS = (58.393, 57.12, 57.375)
+CENTRAL_FRACTION = 0.875
+
+
+def shard_files(data_dir: str | Path, split: str) -> list[str]:
+    """The sorted shard files of a split; a clear error when there are none."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise UserError(f"{data_dir}: data directory not found")
+    prefix = {"train": "train-", "validation": "validation-"}[split]
+    files = sorted(str(p) for p in data_dir.glob(f"{prefix}*") if p.is_file())
+    if not files:
+        raise UserError(
+            f"{data_dir}: no '{prefix}*' TFRecord shards (expected the ImageNet layout)"
+        )
+    return files
+
+
+def _normalise(image):
+    image = tf.cast(image, tf.float32)
+    return (image - CHANNEL_MEANS) / CHANNEL_STDS
+
+
+def _train_image(encoded, bbox, image_size: int):
+    shape = tf.io.extract_jpeg_shape(encoded)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=bbox,
+        min_object_covered=0.1,
+        aspect_ratio_range=(0.75, 1.33),
+        area_range=(0.05, 1.0),
+        max_attempts=100,
+        use_image_if_no_bounding_boxes=True,
+    )
+    offset_y, offset_x, _ = tf.unstack(begin)
+    height, width, _ = tf.unstack(size)
+    window = tf.stack([offset_y, offset_x, height, width])
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    image = tf.image.random_flip_left_right(image)
+    return tf.image.resize(image, [image_size, image_size], method="bilinear")
+
+
+def _eval_image(encoded, image_size: int):
+    shape = tf.io.extract_jpeg_shape(encoded)
+    height, width = shape[0], shape[1]
+    crop = tf.cast(CENTRAL_FRACTION * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
+    window = tf.stack([(height - crop + 1) // 2, (width - crop + 1) // 2, crop, crop])
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    return tf.image.resize(image, [image_size, image_size], method="bilinear")
+
+
+def parse_example(serialized, training: bool, image_size: int, label_offset: int):
+    features = tf.io.parse_single_example(serialized, FEATURES)
+    label = tf.cast(features["image/class/label"], tf.int32) - label_offset
+    encoded = features["image/encoded"]
+    if training:
+        coords = [
+            tf.sparse.to_dense(features[f"image/object/bbox/{k}"])
+            for k in ("ymin", "xmin", "ymax", "xmax")
+        ]
+        bbox = tf.reshape(tf.stack(coords, axis=-1), [1, -1, 4])
+        image = _train_image(encoded, bbox, image_size)
+    else:
+        image = _eval_image(encoded, image_size)
+    return _normalise(image), label
+
+
+def imagenet_dataset(
+    data_dir: str | Path,
+    training: bool,
+    image_size: int,
+    label_offset: int,
+    seed: int,
+    shard: tuple[int, int] = (1, 0),
+    shuffle_buffer: int = 10_000,
+) -> tf.data.Dataset:
+    """Decoded, preprocessed (image, label) pairs of one split, sharded by file per worker."""
+    files = shard_files(data_dir, "train" if training else "validation")
+    count, index = shard
+    if len(files) >= count:
+        dataset = tf.data.Dataset.from_tensor_slices(files).shard(count, index)
+        sharded_by_file = True
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices(files)
+        sharded_by_file = False
+    if training:
+        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(8, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    if not sharded_by_file:
+        dataset = dataset.shard(count, index)
+    if training:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return dataset.map(
+        lambda s: parse_example(s, training, image_size, label_offset),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+
+
+def count_examples(data_dir: str | Path, split: str) -> int:
+    """Records in a split (one pass over the files; a truncated file raises a clear error)."""
+    total = 0
+    for path in shard_files(data_dir, split):
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                total += 1
+        except tf.errors.DataLossError:
+            raise UserError(f"{path}: corrupt or truncated TFRecord file") from None
+    return total

@@ -1,0 +1,299 @@
+"""The training engine: one strategy-aware loop for every workload.
+
+It owns distribution, mixed precision, the train and eval steps, time accounting (segments,
+so a resumed run is never double-counted), evaluation cadence, checkpoints, divergence,
+the MLPerf log and the record. A workload supplies model, data, loss and quality only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from hpcai500_tf import record as record_io
+from hpcai500_tf.config import OptimizerConfig, TrainingConfig
+from hpcai500_tf.engine import optimizers
+from hpcai500_tf.engine.mllog import MLLogger
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.measure.flops import FlopCount, count_function
+
+STATE_FILE = "state.json"
+
+
+class Diverged(Exception):
+    """The loss became NaN or Inf."""
+
+
+def precision_policy(precision: str) -> str:
+    """fp32, or mixed precision in the format this device computes fast."""
+    if precision == "fp32":
+        return "float32"
+    return "mixed_float16" if tf.config.list_physical_devices("GPU") else "mixed_bfloat16"
+
+
+def fingerprint(config: dict) -> str:
+    """What must match for --resume: the whole resolved config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Progress:
+    """Everything about a run's progress that a checkpoint must carry to resume it."""
+
+    config_fingerprint: str
+    epochs_done: int = 0
+    examples: int = 0
+    segments: list[dict] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)
+    init_start: float = 0.0
+    run_start: float | None = None
+
+    def elapsed(self, now: float | None = None, open_segment: float | None = None) -> float:
+        closed = sum(s["stop"] - s["start"] for s in self.segments)
+        return closed + ((now or time.time()) - open_segment if open_segment else 0.0)
+
+
+class Engine:
+    """Builds the model under a strategy and trains it to the epoch budget."""
+
+    def __init__(
+        self,
+        workload,
+        training: TrainingConfig,
+        optimizer: OptimizerConfig,
+        strategy: tf.distribute.Strategy,
+        mllog: MLLogger | None = None,
+        view=None,
+    ):
+        self.workload = workload
+        self.training = training
+        self.optimizer_config = optimizer
+        self.strategy = strategy
+        self.mllog = mllog or MLLogger(None)
+        self.view = view
+        self.replicas = strategy.num_replicas_in_sync
+        self.global_batch = training.batch_per_replica * self.replicas
+        self.steps_per_epoch = workload.train_examples // self.global_batch
+        if self.steps_per_epoch < 1:
+            raise UserError(
+                f"{workload.train_examples} training examples make no full batch of "
+                f"{self.global_batch}: lower training.batch_per_replica"
+            )
+        self.policy = precision_policy(training.precision)
+        keras.mixed_precision.set_global_policy(self.policy)
+        keras.utils.set_random_seed(training.seed)
+        if training.deterministic:
+            tf.config.experimental.enable_op_determinism()
+        with strategy.scope():
+            self.model = workload.build_model()
+            self.optimizer = optimizers.build_optimizer(
+                optimizer, self.global_batch, self.steps_per_epoch, training.epochs
+            )
+            if self.policy == "mixed_float16":
+                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
+            self.optimizer.build(self.model.trainable_variables)
+        self.decayed = optimizers.decayed_variables(self.model, optimizer.decay_all_variables)
+        self.train_step = tf.function(self._train_step, jit_compile=training.xla)
+        self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+
+    # ------------------------------------------------------------------ steps
+
+    def _replica_train_step(self, images, labels):
+        config = self.optimizer_config
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = self.workload.loss(labels, logits, config.label_smoothing)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
+            if config.weight_decay:
+                l2 = tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in self.decayed])
+                loss += config.weight_decay * l2 / self.replicas
+            scaled = self.optimizer.scale_loss(loss)
+        variables = self.model.trainable_variables
+        gradients = tape.gradient(scaled, variables)
+        self.optimizer.apply(gradients, variables)
+        return loss
+
+    def _train_step(self, images, labels):
+        losses = self.strategy.run(self._replica_train_step, (images, labels))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    def _eval_step(self, images, labels):
+        def replica(images, labels):
+            return self.workload.eval_counts(labels, self.model(images, training=False))
+
+        correct, count = self.strategy.run(replica, (images, labels))
+        reduce = tf.distribute.ReduceOp.SUM
+        return (
+            self.strategy.reduce(reduce, correct, axis=None),
+            self.strategy.reduce(reduce, count, axis=None),
+        )
+
+    # ------------------------------------------------------------------ data
+
+    def _dataset(self, training: bool, seed: int):
+        def dataset_fn(context: tf.distribute.InputContext):
+            batch = context.get_per_replica_batch_size(self.global_batch)
+            dataset = self.workload.dataset(
+                training, seed, (context.num_input_pipelines, context.input_pipeline_id)
+            )
+            if training:
+                dataset = dataset.repeat()
+            options = tf.data.Options()
+            options.deterministic = self.training.deterministic
+            dataset = dataset.with_options(options)
+            return dataset.batch(batch, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def train_batches(self, seed_offset: int = 0):
+        return iter(self._dataset(True, self.training.seed + seed_offset))
+
+    def count_flops(self, batch) -> FlopCount:
+        """FLOPs of this engine's own train step, traced at the batch it trains on."""
+        images, labels = batch
+        return count_function(self.train_step, images, labels, batch=self.global_batch)
+
+    def evaluate(self) -> float:
+        correct = count = 0.0
+        for images, labels in self._dataset(False, self.training.seed):
+            c, n = self.eval_step(images, labels)
+            correct += float(c)
+            count += float(n)
+        if count == 0:
+            raise UserError("the evaluation split produced no examples")
+        return correct / count
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, run_dir: Path, progress: Progress) -> None:
+        prefix = self.checkpoint.write(str(run_dir / "checkpoints" / "ckpt"))
+        record_io.write_atomic(
+            run_dir / STATE_FILE, {**asdict(progress), "checkpoint": prefix}, overwrite=True
+        )
+
+    def restore(self, run_dir: Path, fingerprint_now: str) -> Progress:
+        path = run_dir / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{run_dir}: no {STATE_FILE}: nothing to resume") from None
+        except json.JSONDecodeError:
+            raise UserError(f"{path}: corrupt resume state") from None
+        prefix = state.pop("checkpoint", None)
+        if state.get("config_fingerprint") != fingerprint_now:
+            raise UserError(
+                f"{run_dir}: it was started with another config; resume it with the "
+                "same benchmark, preset and --set values"
+            )
+        try:
+            self.checkpoint.read(prefix).assert_existing_objects_matched()
+        except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError, TypeError) as error:
+            raise UserError(
+                f"{run_dir}: cannot restore the checkpoint ({error.__class__.__name__})"
+            ) from None
+        return Progress(**state)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, progress: Progress, run_dir: Path | None, log_every: int = 10) -> Progress:
+        """Train from `progress.epochs_done` to the budget; returns the final progress."""
+        t = self.training
+        batches = self.train_batches(seed_offset=progress.epochs_done)
+        segment_start = time.time()
+        if progress.run_start is None:
+            progress.run_start = segment_start
+            self.mllog.start("run_start", time_ms=segment_start * 1000)
+        try:
+            for epoch in range(progress.epochs_done, t.epochs):
+                self._train_epoch(epoch, batches, progress, segment_start, log_every)
+                if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
+                    self._evaluate(epoch, progress, segment_start)
+                if run_dir and t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0:
+                    stop = time.time()
+                    snapshot = Progress(
+                        **{
+                            **asdict(progress),
+                            "segments": [
+                                *progress.segments,
+                                {"start": segment_start, "stop": stop},
+                            ],
+                        }
+                    )
+                    self.save(run_dir, snapshot)
+        finally:
+            progress.segments.append({"start": segment_start, "stop": time.time()})
+        return progress
+
+    def _train_epoch(self, epoch, batches, progress, segment_start, log_every):
+        self.mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
+        self.mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
+        if self.view:
+            self.view.epoch_start(epoch + 1, self.training.epochs, self.steps_per_epoch)
+        epoch_start = time.time()
+        loss = None
+        for step in range(self.steps_per_epoch):
+            images, labels = next(batches)
+            loss = self.train_step(images, labels)
+            if (step + 1) % log_every == 0 or step + 1 == self.steps_per_epoch:
+                value = float(loss)  # reading back the value syncs the device
+                if not math.isfinite(value):
+                    raise Diverged(f"loss became {value} in epoch {epoch + 1}, step {step + 1}")
+                if self.view:
+                    seconds = time.time() - epoch_start
+                    self.view.step(
+                        step + 1,
+                        value,
+                        self._learning_rate(),
+                        (step + 1) * self.global_batch / seconds,
+                    )
+        seconds = time.time() - epoch_start
+        progress.examples += self.steps_per_epoch * self.global_batch
+        progress.epochs_done = epoch + 1
+        elapsed = progress.elapsed(open_segment=segment_start)
+        progress.epochs.append(
+            {
+                "epoch": epoch + 1,
+                "elapsed_s": elapsed,
+                "examples": progress.examples,
+                "seconds": seconds,
+                "loss": float(loss),
+            }
+        )
+        self.mllog.end("block_stop", metadata={"first_epoch_num": epoch + 1})
+        self.mllog.end("epoch_stop", metadata={"epoch_num": epoch + 1})
+        if self.view:
+            self.view.epoch_end(
+                epoch + 1, float(loss), self.steps_per_epoch * self.global_batch / seconds
+            )
+
+    def _evaluate(self, epoch, progress, segment_start):
+        if not self.workload.measures_quality:
+            return
+        self.mllog.start("eval_start", metadata={"epoch_num": epoch + 1})
+        quality = self.evaluate()
+        elapsed = progress.elapsed(open_segment=segment_start)
+        progress.curve.append(
+            {
+                "epoch": epoch + 1,
+                "elapsed_s": elapsed,
+                "examples": progress.examples,
+                "value": quality,
+            }
+        )
+        self.mllog.event("eval_accuracy", quality, metadata={"epoch_num": epoch + 1})
+        self.mllog.end("eval_stop", metadata={"epoch_num": epoch + 1})
+        if self.view:
+            self.view.evaluation(epoch + 1, quality, self.training.target_quality)
+
+    def _learning_rate(self) -> float:
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        return float(optimizer.learning_rate)

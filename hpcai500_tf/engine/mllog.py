@@ -1,0 +1,66 @@
+""":::MLLOG lines in MLPerf's format beside the record, so MLPerf tooling can read a run.
+
+Each line is `:::MLLOG {json}` with namespace, time_ms, event_type, key, value, metadata.
+Written and flushed line by line: a crashed run still leaves its log up to the crash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MLLogger:
+    def __init__(self, path: Path | str | None, enabled: bool = True):
+        self.path = Path(path) if path else None
+        self._file = open(self.path, "a") if (self.path and enabled) else None  # noqa: SIM115
+
+    def _emit(
+        self, event_type: str, key: str, value: Any, metadata: dict | None, time_ms: float | None
+    ) -> None:
+        if self._file is None:
+            return
+        line = {
+            "namespace": "",
+            "time_ms": int(time_ms if time_ms is not None else time.time() * 1000),
+            "event_type": event_type,
+            "key": key,
+            "value": value,
+            "metadata": {"file": "hpcai500_tf/engine/loop.py", "lineno": 0, **(metadata or {})},
+        }
+        self._file.write(":::MLLOG " + json.dumps(line) + "\n")
+        self._file.flush()
+
+    def event(
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: float | None = None,
+    ) -> None:
+        self._emit("POINT_IN_TIME", key, value, metadata, time_ms)
+
+    def start(
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: float | None = None,
+    ) -> None:
+        self._emit("INTERVAL_START", key, value, metadata, time_ms)
+
+    def end(
+        self,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: float | None = None,
+    ) -> None:
+        self._emit("INTERVAL_END", key, value, metadata, time_ms)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,120 @@
+"""Learning-rate schedules and optimizers: SGD with momentum (Keras) and LARS (written here).
+
+Weight decay is coupled, as in the reference: wd x ||w||^2 / 2 joins the loss (gradient wd x w),
+applied to all variables or to all but BN and bias variables (`decay_all_variables`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from hpcai500_tf.config import OptimizerConfig
+
+
+class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup from 0 to `peak`, then cosine decay to 0 or step decay by epochs."""
+
+    def __init__(
+        self,
+        peak: float,
+        warmup_steps: int,
+        total_steps: int,
+        schedule: str,
+        boundaries_steps: list[int] | None = None,
+        factor: float = 0.1,
+    ):
+        self.peak = peak
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.schedule = schedule
+        self.boundaries_steps = list(boundaries_steps or [])
+        self.factor = factor
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warmup = tf.cast(self.warmup_steps, tf.float32)
+        if self.schedule == "cosine":
+            span = tf.maximum(tf.cast(self.total_steps, tf.float32) - warmup, 1.0)
+            progress = tf.clip_by_value((step - warmup) / span, 0.0, 1.0)
+            decayed = self.peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
+        else:
+            passed = tf.add_n(
+                [tf.cast(step >= b, tf.float32) for b in self.boundaries_steps]
+                or [tf.constant(0.0)]
+            )
+            decayed = self.peak * tf.pow(self.factor, passed)
+        if self.warmup_steps == 0:
+            return decayed
+        return tf.where(step < warmup, self.peak * step / warmup, decayed)
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "schedule": self.schedule,
+            "boundaries_steps": self.boundaries_steps,
+            "factor": self.factor,
+        }
+
+
+class LARS(keras.optimizers.Optimizer):
+    """Layer-wise adaptive rate scaling (You et al., 2017) with heavy-ball momentum.
+
+    trust = eta * ||w|| / ||g|| (1 where either norm is 0); m = momentum * m + lr * trust * g;
+    w -= m. The gradient arrives with weight decay already in it (coupled decay).
+    """
+
+    def __init__(self, learning_rate=0.1, momentum=0.9, eta=0.001, name="lars", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.momentum = momentum
+        self.eta = eta
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.momentums = [self.add_variable_from_reference(v, "momentum") for v in variables]
+
+    def update_step(self, gradient, variable, learning_rate):
+        learning_rate = tf.cast(learning_rate, variable.dtype)
+        gradient = tf.cast(gradient, variable.dtype)
+        w_norm = tf.norm(variable)
+        g_norm = tf.norm(gradient)
+        trust = tf.where((w_norm > 0) & (g_norm > 0), self.eta * w_norm / g_norm, 1.0)
+        momentum = self.momentums[self._get_variable_index(variable)]
+        self.assign(momentum, self.momentum * momentum + learning_rate * trust * gradient)
+        self.assign_sub(variable, momentum)
+
+    def get_config(self):
+        return {**super().get_config(), "momentum": self.momentum, "eta": self.eta}
+
+
+def peak_learning_rate(config: OptimizerConfig, global_batch: int) -> float:
+    return config.base_learning_rate * global_batch / 256
+
+
+def build_optimizer(
+    config: OptimizerConfig, global_batch: int, steps_per_epoch: int, epochs: int
+) -> keras.optimizers.Optimizer:
+    schedule = WarmupDecay(
+        peak=peak_learning_rate(config, global_batch),
+        warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)),
+        total_steps=epochs * steps_per_epoch,
+        schedule=config.schedule,
+        boundaries_steps=[b * steps_per_epoch for b in config.step_boundaries],
+        factor=config.step_factor,
+    )
+    if config.name == "lars":
+        return LARS(schedule, momentum=config.momentum, eta=config.lars_eta)
+    return keras.optimizers.SGD(schedule, momentum=config.momentum)
+
+
+def decayed_variables(model: keras.Model, decay_all: bool) -> list:
+    """The variables weight decay applies to: all trainable ones, or all but BN and biases."""
+    if decay_all:
+        return list(model.trainable_variables)
+    return [v for v in model.trainable_variables if len(v.shape) > 1]

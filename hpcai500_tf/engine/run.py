@@ -1,0 +1,313 @@
+"""One benchmark run from config to record: set up, count FLOPs, train, write the record.
+
+Order matters: configs are validated in pure Python, then the strategy is built before any
+other TensorFlow op runs, then data and model.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import tensorflow as tf
+
+from hpcai500_tf import __version__, layers
+from hpcai500_tf import record as record_io
+from hpcai500_tf.config import Setup
+from hpcai500_tf.engine import strategy as strategies
+from hpcai500_tf.engine.loop import Diverged, Engine, Progress, fingerprint
+from hpcai500_tf.engine.mllog import MLLogger
+from hpcai500_tf.engine.optimizers import peak_learning_rate
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.workloads import build_workload
+
+CONFIG_FILE = "config.json"
+RECORD_FILE = "record.json"
+MLPERF_LOG = "mlperf.log"
+
+
+def build_engine(setup: Setup, data_dir: str | None, mllog=None, view=None) -> Engine:
+    strategy = strategies.make_strategy(setup.training.strategy)
+    workload = build_workload(setup.benchmark.name, setup.config, data_dir)
+    return Engine(workload, setup.training, setup.optimizer, strategy, mllog, view)
+
+
+def measure_flops(engine: Engine) -> dict:
+    """Training FLOPs from the train step the engine runs; forward FLOPs both ways."""
+    batch = next(engine.train_batches())
+    images = batch[0]
+    engine.workload.check_batch(engine.strategy.experimental_local_results(images)[0])
+    train = engine.count_flops(batch)
+    forward = tf.function(lambda x: engine.model(x, training=False))
+    if engine.replicas == 1:
+        from hpcai500_tf.measure.flops import count_function
+
+        forward_count = count_function(forward, images, batch=engine.global_batch)
+        forward_per_example = forward_count.per_example
+    else:
+        forward_per_example = None
+    return {
+        "per_example_training": train.per_example,
+        "per_example_forward": forward_per_example,
+        "analytical_per_example_forward": engine.workload.analytical_forward_flops(engine.model),
+        "method": (
+            f"TensorFlow registered op statistics over the traced train step "
+            f"(forward, backward, weight update) at global batch {engine.global_batch}; "
+            "multiply-add = 2"
+        ),
+        "counted_op_types": sorted(train.by_op_type),
+        "uncounted_op_types": train.uncounted_op_types,
+        "by_op_type_per_example": {
+            k: v / engine.global_batch for k, v in sorted(train.by_op_type.items())
+        },
+    }
+
+
+def _layers(setup: Setup, engine: Engine) -> dict:
+    name = setup.training.strategy
+    l3, workers, _ = strategies.describe(engine.strategy, name)
+    observed = layers.system_layers(workers, l3["collective_implementation"])
+    observed["L3"] = l3
+    t, o = setup.training, setup.optimizer
+    observed["L6"] = {
+        "parallelism": "data_parallel",
+        "synchronous": True,
+        "strategy": name,
+        "workers": workers,
+        "replicas": engine.replicas,
+        "batch_per_replica": t.batch_per_replica,
+        "global_batch": engine.global_batch,
+    }
+    observed["L7"] = {**engine.workload.workload_layer(), "precision": engine.policy, "xla": t.xla}
+    observed["L8"] = {
+        "optimizer": "sgd_momentum" if o.name == "sgd" else "lars",
+        "momentum": o.momentum,
+        "weight_decay": o.weight_decay,
+        "decay_all_variables": o.decay_all_variables,
+        "label_smoothing": o.label_smoothing,
+        "lr_schedule": f"warmup_{o.schedule}",
+        "base_learning_rate": o.base_learning_rate,
+        "peak_learning_rate": peak_learning_rate(o, engine.global_batch),
+        "warmup_epochs": o.warmup_epochs,
+        "seed": t.seed,
+        **({"lars_eta": o.lars_eta} if o.name == "lars" else {}),
+        **(
+            {"step_boundaries": o.step_boundaries, "step_factor": o.step_factor}
+            if o.schedule == "step"
+            else {}
+        ),
+    }
+    observed["L9"] = {
+        "dataset": engine.workload.dataset_name(),
+        "quality_metric": engine.workload.quality_metric,
+        "target_quality": t.target_quality,
+        "epochs": t.epochs,
+    }
+    return observed
+
+
+def _not_rankable(setup: Setup, engine: Engine, problem: dict) -> list[str]:
+    reasons = []
+    if not engine.workload.measures_quality:
+        reasons.append("random data: quality not measured (throughput only)")
+    for key, expected in setup.benchmark.problem().items():
+        if problem[key] != expected:
+            reasons.append(f"{key} is {problem[key]!r}, the benchmark's is {expected!r}")
+    return reasons
+
+
+def quality_result(
+    curve: list[dict], target: float, total_s: float, examples: int, measured: bool
+) -> dict:
+    """Time-to-quality is the first evaluation at or above target; else the whole run."""
+    result = {
+        "measured": measured,
+        "reached_target": False,
+        "achieved": None,
+        "final": None,
+        "time_to_quality_s": None,
+        "examples_to_quality": None,
+    }
+    if not measured or not curve:
+        return result
+    reached = next((p for p in curve if p["value"] >= target), None)
+    point = reached or {"elapsed_s": total_s, "examples": examples, "value": curve[-1]["value"]}
+    result.update(
+        reached_target=reached is not None,
+        achieved=point["value"] or None,
+        final=curve[-1]["value"] or None,
+        time_to_quality_s=point["elapsed_s"],
+        examples_to_quality=point["examples"],
+    )
+    return result
+
+
+def make_record(
+    setup: Setup,
+    engine: Engine,
+    progress: Progress,
+    flops: dict,
+    status: str,
+    warnings: list[str],
+    artifacts: dict,
+) -> dict:
+    layer_values = _layers(setup, engine)
+    reasons = _not_rankable(setup, engine, layer_values["L9"])
+    total_s = progress.elapsed()
+    quality = quality_result(
+        progress.curve,
+        setup.training.target_quality,
+        total_s,
+        progress.examples,
+        engine.workload.measures_quality,
+    )
+    if quality["measured"] and quality["achieved"] is None and status == "completed":
+        status = "stopped"
+        warnings.append("no evaluation produced a quality above 0")
+    examples = quality["examples_to_quality"]
+    run_stop = progress.segments[-1]["stop"] if progress.segments else time.time()
+    return {
+        "schema_version": record_io.SCHEMA_VERSION,
+        "kind": record_io.KIND,
+        "benchmark": setup.benchmark.name,
+        "preset": setup.preset,
+        "level": "free",
+        "status": status,
+        "rankable": not reasons,
+        "not_rankable_reasons": reasons,
+        "source": {
+            "tool": "hpcai500-tf",
+            "tool_version": __version__,
+            "framework": "tensorflow",
+            "imported_from": None,
+        },
+        "layers": layer_values,
+        "config": setup.config,
+        "timeline": {
+            "init_start": progress.init_start,
+            "run_start": progress.run_start or progress.init_start,
+            "run_stop": max(run_stop, (progress.run_start or progress.init_start) + 1e-6),
+            "segments": progress.segments,
+            "epochs": progress.epochs,
+        },
+        "quality": {
+            "metric": engine.workload.quality_metric,
+            "target": setup.training.target_quality,
+            **quality,
+            "curve": progress.curve,
+        },
+        "flops": {
+            **flops,
+            "total": None if examples is None else flops["per_example_training"] * examples,
+        },
+        "energy": {
+            "measured": False,
+            "joules": None,
+            "interval_s": None,
+            "scope": None,
+            "sources": [],
+            "reason": "no power source was sampled in this run",
+        },
+        "warnings": warnings,
+        "artifacts": artifacts,
+    }
+
+
+def _log_setup(mllog: MLLogger, setup: Setup, engine: Engine) -> None:
+    t, o = setup.training, setup.optimizer
+    mllog.event(
+        "submission_benchmark",
+        "resnet" if setup.benchmark.name == "image_classification" else setup.benchmark.name,
+    )
+    mllog.event("submission_division", "open")
+    mllog.event("submission_org", "hpcai500-tf")
+    mllog.event("submission_platform", layers.hardware_layer()["summary"])
+    mllog.event("submission_status", "research")
+    mllog.event("cache_clear", True)
+    mllog.event("seed", t.seed)
+    mllog.event("global_batch_size", engine.global_batch)
+    mllog.event("train_samples", engine.workload.train_examples)
+    mllog.event("eval_samples", engine.workload.eval_examples)
+    mllog.event("gradient_accumulation_steps", 1)
+    mllog.event("opt_name", o.name)
+    prefix = "sgd_opt" if o.name == "sgd" else "lars_opt"
+    mllog.event(f"{prefix}_base_learning_rate", peak_learning_rate(o, engine.global_batch))
+    mllog.event(f"{prefix}_momentum", o.momentum)
+    mllog.event(f"{prefix}_weight_decay", o.weight_decay)
+    mllog.event("opt_learning_rate_warmup_epochs", o.warmup_epochs)
+    mllog.event("opt_learning_rate_schedule", o.schedule)
+    mllog.event("model_bn_span", t.batch_per_replica)
+    mllog.event("label_smoothing", o.label_smoothing)
+    if o.name == "lars":
+        mllog.event("lars_epsilon", 0.0)
+        mllog.event("lars_eta", o.lars_eta)
+
+
+def new_run_dir(out_dir: str | Path, setup: Setup) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(out_dir) / f"{setup.benchmark.name}-{setup.preset}-{stamp}"
+    if run_dir.exists():
+        raise UserError(f"{run_dir}: already exists; refusing to overwrite it")
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def train(
+    setup: Setup, data_dir: str | None, out_dir: str | Path, resume: str | None = None, view=None
+) -> tuple[dict, Path]:
+    """Run the benchmark; returns (record, record path). Diverged runs raise after saving."""
+    init_start = time.time()
+    run_dir = Path(resume) if resume else None
+    if run_dir is not None and not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    config_id = fingerprint(setup.config)
+    engine = build_engine(setup, data_dir, None, view)  # strategy first, then TF work
+    if run_dir is None:
+        run_dir = new_run_dir(out_dir, setup)
+        record_io.write_atomic(run_dir / CONFIG_FILE, setup.config)
+    mllog = MLLogger(run_dir / MLPERF_LOG)
+    engine.mllog = mllog
+    if resume:
+        progress = engine.restore(run_dir, config_id)
+        if progress.epochs_done >= setup.training.epochs:
+            raise UserError(f"{run_dir}: the run already finished all its epochs")
+    else:
+        progress = Progress(config_fingerprint=config_id, init_start=init_start)
+        mllog.start("init_start", time_ms=init_start * 1000)
+        _log_setup(mllog, setup, engine)
+    if view:
+        view.message("counting FLOPs of the train step (traces it once)")
+    flops = measure_flops(engine)
+    if not resume:
+        mllog.end("init_stop")
+    warnings, status = [], "completed"
+    try:
+        engine.run(progress, run_dir)
+    except Diverged as error:
+        status = "diverged"
+        warnings.append(str(error))
+    except KeyboardInterrupt:
+        status = "stopped"
+        warnings.append("interrupted by the user; resume with --resume " + str(run_dir))
+    mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
+    mllog.close()
+    artifacts = {
+        "run_dir": str(run_dir),
+        "mlperf_log": str(run_dir / MLPERF_LOG),
+        "checkpoints": str(run_dir / "checkpoints"),
+    }
+    record = make_record(setup, engine, progress, flops, status, warnings, artifacts)
+    path = run_dir / RECORD_FILE
+    record_io.save(path, record, overwrite=bool(resume))
+    return record, path
+
+
+def flops_report(setup: Setup, data_dir: str | None) -> dict:
+    """FLOPs per example both ways, without training."""
+    engine = build_engine(setup, data_dir)
+    return {
+        **measure_flops(engine),
+        "global_batch": engine.global_batch,
+        "precision": engine.policy,
+    }

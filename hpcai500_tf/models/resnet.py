@@ -1,0 +1,197 @@
+"""ResNet-50 v1.5 in Keras 3: stride 2 sits in the 3x3 convolution of each downsampling block.
+
+(`keras.applications.ResNet50` is v1, with the stride in the first 1x1 convolution.) Width,
+depth, input size, channels and class count are parameters so that small presets run the same
+code. The EWA detector reuses `resnet_backbone` with 16 input channels.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import layers
+
+STAGE_FILTERS = (64, 128, 256, 512)
+RESNET50_BLOCKS = (3, 4, 6, 3)
+EXPANSION = 4
+
+
+def _conv(filters: int, kernel: int, strides: int, name: str) -> layers.Conv2D:
+    return layers.Conv2D(
+        filters,
+        kernel,
+        strides=strides,
+        padding="same",
+        use_bias=False,
+        kernel_initializer=keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal"),
+        name=name,
+    )
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class FusedBatchNorm(layers.Layer):
+    """Batch normalisation over the channels of NHWC tensors with TensorFlow's fused kernel.
+
+    Keras 3's BatchNormalization computes moments and the normalisation as separate ops (in
+    float32, with casts around them under mixed precision); the fused kernel does it in one
+    pass and takes bfloat16/float16 activations with float32 statistics directly.
+    Moving statistics: moving = momentum * moving + (1 - momentum) * batch.
+    """
+
+    def __init__(
+        self, momentum: float = 0.9, epsilon: float = 1e-5, gamma_initializer="ones", **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.gamma_initializer = keras.initializers.get(gamma_initializer)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        self.gamma = self.add_weight(
+            shape=(channels,), initializer=self.gamma_initializer, name="gamma", autocast=False
+        )
+        self.beta = self.add_weight(
+            shape=(channels,), initializer="zeros", name="beta", autocast=False
+        )
+        self.moving_mean = self.add_weight(
+            shape=(channels,),
+            initializer="zeros",
+            name="moving_mean",
+            trainable=False,
+            autocast=False,
+        )
+        self.moving_variance = self.add_weight(
+            shape=(channels,),
+            initializer="ones",
+            name="moving_variance",
+            trainable=False,
+            autocast=False,
+        )
+
+    def call(self, inputs, training=False):
+        if training:
+            outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+                inputs, self.gamma, self.beta, epsilon=self.epsilon, is_training=True
+            )
+            decay = 1.0 - self.momentum
+            self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
+            self.moving_variance.assign_sub((self.moving_variance - variance) * decay)
+            return outputs
+        outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            self.gamma,
+            self.beta,
+            mean=self.moving_mean,
+            variance=self.moving_variance,
+            epsilon=self.epsilon,
+            is_training=False,
+        )
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
+            "gamma_initializer": keras.initializers.serialize(self.gamma_initializer),
+        }
+
+
+def _batch_norm(name: str, momentum: float, epsilon: float, zero_gamma: bool = False):
+    return FusedBatchNorm(
+        momentum=momentum,
+        epsilon=epsilon,
+        name=name,
+        gamma_initializer="zeros" if zero_gamma else "ones",
+    )
+
+
+def bottleneck(x, filters: int, strides: int, name: str, bn: dict, zero_init_residual: bool):
+    """1x1 reduce, 3x3 (carries the stride: v1.5), 1x1 expand; projection when shapes change."""
+    shortcut = x
+    out_filters = filters * EXPANSION
+    if strides != 1 or x.shape[-1] != out_filters:
+        shortcut = _conv(out_filters, 1, strides, f"{name}_proj_conv")(x)
+        shortcut = _batch_norm(f"{name}_proj_bn", **bn)(shortcut)
+    x = _conv(filters, 1, 1, f"{name}_1_conv")(x)
+    x = _batch_norm(f"{name}_1_bn", **bn)(x)
+    x = layers.ReLU(name=f"{name}_1_relu")(x)
+    x = _conv(filters, 3, strides, f"{name}_2_conv")(x)
+    x = _batch_norm(f"{name}_2_bn", **bn)(x)
+    x = layers.ReLU(name=f"{name}_2_relu")(x)
+    x = _conv(out_filters, 1, 1, f"{name}_3_conv")(x)
+    x = _batch_norm(f"{name}_3_bn", zero_gamma=zero_init_residual, **bn)(x)
+    x = layers.Add(name=f"{name}_add")([shortcut, x])
+    return layers.ReLU(name=f"{name}_out")(x)
+
+
+def resnet_backbone(
+    inputs,
+    width: float = 1.0,
+    blocks: tuple[int, ...] = RESNET50_BLOCKS,
+    bn_momentum: float = 0.9,
+    bn_epsilon: float = 1e-5,
+    zero_init_residual: bool = True,
+) -> list:
+    """Stem and four stages; returns the output of every stage (C2..C5)."""
+    if width <= 0 or len(blocks) != 4 or min(blocks) < 1:
+        raise ValueError(
+            f"width must be > 0 and blocks four positive counts, got {width}, {blocks}"
+        )
+    bn = {"momentum": bn_momentum, "epsilon": bn_epsilon}
+    x = _conv(max(8, int(64 * width)), 7, 2, "stem_conv")(inputs)
+    x = _batch_norm("stem_bn", **bn)(x)
+    x = layers.ReLU(name="stem_relu")(x)
+    x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+    stage_outputs = []
+    for stage, (filters, count) in enumerate(zip(STAGE_FILTERS, blocks, strict=True), start=2):
+        filters = max(8, int(filters * width))
+        for block in range(count):
+            strides = 2 if block == 0 and stage > 2 else 1
+            x = bottleneck(
+                x, filters, strides, f"stage{stage}_block{block + 1}", bn, zero_init_residual
+            )
+        stage_outputs.append(x)
+    return stage_outputs
+
+
+def resnet50_v15(
+    image_size: int = 224,
+    channels: int = 3,
+    num_classes: int = 1000,
+    width: float = 1.0,
+    blocks: tuple[int, ...] = RESNET50_BLOCKS,
+    bn_momentum: float = 0.9,
+    bn_epsilon: float = 1e-5,
+    zero_init_residual: bool = True,
+) -> keras.Model:
+    """The classifier: backbone, global average pool, dense logits (always float32)."""
+    inputs = keras.Input((image_size, image_size, channels), name="images")
+    features = resnet_backbone(
+        inputs, width, tuple(blocks), bn_momentum, bn_epsilon, zero_init_residual
+    )[-1]
+    x = layers.GlobalAveragePooling2D(name="pool")(features)
+    logits = layers.Dense(
+        num_classes,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+        dtype="float32",
+        name="logits",
+    )(x)
+    return keras.Model(inputs, logits, name="resnet50_v1.5")
+
+
+def analytical_forward_flops(model: keras.Model) -> float:
+    """2 x multiply-adds of every convolution and dense layer at the model's input size."""
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, layers.Conv2D):
+            kh, kw = layer.kernel_size
+            _, height, width, out_channels = layer.output.shape
+            total += 2 * kh * kw * layer.input.shape[-1] * out_channels * height * width
+        elif isinstance(layer, layers.Dense):
+            total += 2 * layer.input.shape[-1] * layer.units
+    return float(total)

@@ -1,0 +1,160 @@
+"""Image classification: ResNet-50 v1.5, its data, its loss and top-1 accuracy.
+
+The engine owns distribution, the loop and the record; this module supplies only what is
+about images. Nothing here knows about strategies beyond the shard it is handed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from hpcai500_tf.config import section
+from hpcai500_tf.data import imagenet, procedural
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.models import resnet
+
+DATASET_NAMES = {
+    "imagenet": "imagenet-1k",
+    "procedural": "procedural-gratings",
+    "random": "random (quality not measured)",
+}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str
+    image_size: int
+    num_classes: int
+    label_offset: int
+    train_examples: int
+    eval_examples: int
+    shuffle_buffer: int
+    noise: float
+
+    def check(self) -> str | None:
+        if self.source not in DATASET_NAMES:
+            return f"source must be one of {', '.join(DATASET_NAMES)}, got '{self.source}'"
+        if self.image_size < 16 or self.num_classes < 2:
+            return "image_size must be >= 16 and num_classes >= 2"
+        if self.train_examples < 0 or self.eval_examples < 0 or self.shuffle_buffer < 1:
+            return "train_examples and eval_examples must be >= 0, shuffle_buffer >= 1"
+        if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
+            return "generated data needs train_examples and eval_examples > 0"
+        return None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    width: float
+    blocks: list[int]
+    zero_init_residual: bool
+    bn_momentum: float
+    bn_epsilon: float
+
+    def check(self) -> str | None:
+        if self.width <= 0 or len(self.blocks) != 4 or min(self.blocks) < 1:
+            return "width must be > 0 and blocks four counts >= 1"
+        if not 0 < self.bn_momentum < 1 or self.bn_epsilon <= 0:
+            return "bn_momentum must be in (0, 1) and bn_epsilon > 0"
+        return None
+
+
+class ImageClassification:
+    name = "image_classification"
+    quality_metric = "top1_accuracy"
+
+    def __init__(self, preset: dict, data_dir: str | None):
+        self.data = section(DataConfig, preset.get("data"), "data")
+        self.model_config = section(ModelConfig, preset.get("model"), "model")
+        self.data_dir = data_dir
+        if self.data.source == "imagenet":
+            if data_dir is None:
+                raise UserError("this preset reads ImageNet TFRecords: pass --data DIR")
+            imagenet.shard_files(data_dir, "train")
+            imagenet.shard_files(data_dir, "validation")
+        elif data_dir is not None:
+            raise UserError(
+                f"this preset generates its data ({self.data.source}); "
+                "drop --data or use a preset with data.source = 'imagenet'"
+            )
+        self.train_examples = self._count("train", self.data.train_examples)
+        self.eval_examples = self._count("validation", self.data.eval_examples)
+
+    def _count(self, split: str, configured: int) -> int:
+        if configured:
+            return configured
+        count = imagenet.count_examples(self.data_dir, split)
+        if count == 0:
+            raise UserError(f"{self.data_dir}: the {split} shards hold no records")
+        return count
+
+    @property
+    def measures_quality(self) -> bool:
+        return self.data.source != "random"
+
+    def build_model(self) -> keras.Model:
+        m = self.model_config
+        return resnet.resnet50_v15(
+            image_size=self.data.image_size,
+            num_classes=self.data.num_classes,
+            width=m.width,
+            blocks=tuple(m.blocks),
+            bn_momentum=m.bn_momentum,
+            bn_epsilon=m.bn_epsilon,
+            zero_init_residual=m.zero_init_residual,
+        )
+
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.data.image_size, self.data.image_size, 3)
+
+    def dataset(self, training: bool, seed: int, shard: tuple[int, int]) -> tf.data.Dataset:
+        """Unbatched (image, label) examples of one worker's shard."""
+        d = self.data
+        if d.source == "random":
+            return procedural.random_dataset(d.image_size, d.num_classes, seed)
+        if d.source == "procedural":
+            examples = d.train_examples if training else d.eval_examples
+            return procedural.procedural_dataset(
+                examples, seed, d.image_size, d.num_classes, d.noise, training, shard
+            )
+        return imagenet.imagenet_dataset(
+            self.data_dir, training, d.image_size, d.label_offset, seed, shard, d.shuffle_buffer
+        )
+
+    def loss(self, labels, logits, label_smoothing: float):
+        """Per-example cross entropy with label smoothing."""
+        one_hot = tf.one_hot(labels, self.data.num_classes)
+        return keras.losses.categorical_crossentropy(
+            one_hot, logits, from_logits=True, label_smoothing=label_smoothing
+        )
+
+    def eval_counts(self, labels, logits):
+        """(correct, examples) of one batch: summed across batches and replicas."""
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
+        return correct, tf.cast(tf.shape(labels)[0], tf.float32)
+
+    def check_batch(self, images) -> None:
+        if tuple(images.shape[1:]) != self.input_shape():
+            raise UserError(
+                f"images of shape {tuple(images.shape[1:])}, the model expects {self.input_shape()}"
+            )
+
+    def workload_layer(self) -> dict:
+        m = self.model_config
+        return {
+            "model": "resnet50_v1.5",
+            "width": m.width,
+            "blocks": m.blocks,
+            "image_size": self.data.image_size,
+            "num_classes": self.data.num_classes,
+        }
+
+    def dataset_name(self) -> str:
+        return DATASET_NAMES[self.data.source]
+
+    def analytical_forward_flops(self, model: keras.Model) -> float:
+        return resnet.analytical_forward_flops(model)

@@ -1,0 +1,127 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hpcai500_tf.data import imagenet, procedural
+from hpcai500_tf.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from make_imagenet_tfrecords import convert  # noqa: E402
+
+
+def make_image_folder(root: Path, classes: int = 3, per_class: int = 4) -> Path:
+    """A tiny image-folder tree: PNGs and JPEGs of various sizes, one folder per class."""
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 255, (40 + 4 * i, 48, 3), dtype=np.uint8)
+            if i % 2:
+                (folder / f"{i}.png").write_bytes(tf.io.encode_png(pixels).numpy())
+            else:
+                (folder / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(pixels).numpy())
+    return root
+
+
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagenet")
+    images = make_image_folder(root / "images")
+    convert(images, root / "records", "train", shards=2, first_label=1)
+    convert(images, root / "records", "validation", shards=1, first_label=1)
+    return root / "records"
+
+
+def test_converter_writes_the_standard_layout(imagenet_dir):
+    names = sorted(p.name for p in imagenet_dir.iterdir())
+    assert names == ["train-00000-of-00002", "train-00001-of-00002", "validation-00000-of-00001"]
+    assert imagenet.count_examples(imagenet_dir, "train") == 12
+
+
+def test_converter_refuses_to_overwrite_and_bad_sources(tmp_path, imagenet_dir):
+    images = make_image_folder(tmp_path / "images", classes=1, per_class=1)
+    with pytest.raises(ValueError, match="already exists"):
+        convert(images, imagenet_dir, "validation", shards=1, first_label=1)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "make_imagenet_tfrecords.py"),
+            str(tmp_path / "missing"),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "not a directory" in result.stderr
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_pipeline_gives_model_sized_images_and_offset_labels(imagenet_dir, training):
+    dataset = imagenet.imagenet_dataset(
+        imagenet_dir, training, image_size=32, label_offset=1, seed=0
+    )
+    examples = list(dataset)
+    assert len(examples) == 12
+    assert {tuple(image.shape) for image, _ in examples} == {(32, 32, 3)}
+    assert sorted({int(label) for _, label in examples}) == [0, 1, 2]
+    pixels = np.stack([image.numpy() for image, _ in examples])
+    assert -3 < pixels.mean() < 3  # normalised by the ImageNet channel statistics
+
+
+def test_worker_shards_split_the_data(imagenet_dir):
+    seen = [
+        len(list(imagenet.imagenet_dataset(imagenet_dir, False, 32, 1, 0, shard=(2, i))))
+        for i in range(2)
+    ]
+    assert sum(seen) == 12 and min(seen) > 0
+
+
+def test_missing_empty_and_corrupt_data(tmp_path, imagenet_dir):
+    with pytest.raises(UserError, match="data directory not found"):
+        imagenet.shard_files(tmp_path / "nope", "train")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no 'train-\\*' TFRecord shards"):
+        imagenet.shard_files(tmp_path / "empty", "train")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    data = (imagenet_dir / "train-00000-of-00002").read_bytes()
+    (broken / "train-00000-of-00001").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="corrupt or truncated TFRecord"):
+        imagenet.count_examples(broken, "train")
+
+
+def test_procedural_data_is_deterministic_and_labelled():
+    a = list(procedural.procedural_dataset(16, 7, 16, 10, 0.5, training=False))
+    b = list(procedural.procedural_dataset(16, 7, 16, 10, 0.5, training=False))
+    for (ia, la), (ib, lb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(ia, ib)
+        assert int(la) == int(lb)
+    labels = [int(label) for _, label in a]
+    assert all(0 <= label < 10 for label in labels) and len(set(labels)) > 3
+    train = procedural.procedural_dataset(16, 7, 16, 10, 0.5, training=True)
+    train_images = {image.numpy().tobytes() for image, _ in train}
+    assert len(train_images) == 16
+    assert train_images.isdisjoint({image.numpy().tobytes() for image, _ in a})
+
+
+def test_procedural_orientation_carries_the_class():
+    """Without noise, the grating's orientation (from its spectrum peak) gives the label."""
+    size, classes = 32, 4
+    freqs = np.fft.fftfreq(size)
+    hits = 0
+    examples = list(procedural.procedural_dataset(100, 3, size, classes, 0.0, training=False))
+    for image, label in examples:
+        gray = image.numpy().mean(-1)
+        spectrum = np.abs(np.fft.fft2(gray - gray.mean()))
+        row, col = np.unravel_index(spectrum.argmax(), spectrum.shape)
+        angle = np.arctan2(freqs[row], freqs[col]) % np.pi
+        expected = np.pi * int(label) / classes
+        distance = min(abs(angle - expected), np.pi - abs(angle - expected))
+        hits += distance < np.radians(30)
+    assert hits >= 0.8 * len(examples)

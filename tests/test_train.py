@@ -1,0 +1,237 @@
+"""The `train` command end to end on the tiny preset: record, MLPerf log, resume, divergence."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf import config, record, scoring
+from hpcai500_tf.cli import main
+from hpcai500_tf.engine import run
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.workloads.image_classification import ImageClassification
+
+from .test_data import imagenet_dir, make_image_folder  # noqa: F401  (fixture)
+
+
+def _only_run_dir(out: Path) -> Path:
+    (run_dir,) = list(out.iterdir())
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["train", "image_classification", "--preset", "tiny", "--out", str(out)]) == 0
+    run_dir = _only_run_dir(out)
+    return run_dir, record.load(run_dir / "record.json")
+
+
+def test_tiny_run_writes_a_complete_record(tiny_run):
+    run_dir, rec = tiny_run
+    assert rec["status"] == "completed" and rec["preset"] == "tiny"
+    assert [e["epoch"] for e in rec["timeline"]["epochs"]] == [1, 2]
+    assert [p["epoch"] for p in rec["quality"]["curve"]] == [1, 2]
+    assert rec["layers"]["L6"]["global_batch"] == 32
+    assert rec["layers"]["L7"]["model"] == "resnet50_v1.5"
+    assert rec["layers"]["L9"]["dataset"] == "procedural-gratings"
+    assert not rec["rankable"] and any("imagenet-1k" in r for r in rec["not_rankable_reasons"])
+    flops = rec["flops"]
+    assert 2.5 < flops["per_example_training"] / flops["per_example_forward"] < 3.5
+    assert "Conv2DBackpropFilter" in flops["counted_op_types"]
+    assert "FusedBatchNormV3" in flops["uncounted_op_types"]
+    assert (run_dir / "checkpoints").is_dir() and (run_dir / "state.json").is_file()
+
+
+def test_time_to_quality_is_the_first_evaluation_at_target(tiny_run):
+    _, rec = tiny_run
+    quality = rec["quality"]
+    reached = [p for p in quality["curve"] if p["value"] >= quality["target"]]
+    if reached:
+        assert quality["time_to_quality_s"] == reached[0]["elapsed_s"]
+        assert quality["examples_to_quality"] == reached[0]["examples"]
+    else:
+        assert quality["time_to_quality_s"] == pytest.approx(
+            sum(s["stop"] - s["start"] for s in rec["timeline"]["segments"])
+        )
+    score = scoring.score(rec, config.load_benchmark("image_classification"))
+    assert (
+        score.total_flops == rec["flops"]["per_example_training"] * quality["examples_to_quality"]
+    )
+
+
+def test_mlperf_log_passes_the_compliance_checker(tiny_run, tmp_path):
+    pytest.importorskip("mlperf_logging")
+    run_dir, _ = tiny_run
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.compliance_checker",
+            "--usage",
+            "training",
+            "--ruleset",
+            "4.0.0",
+            "--log_output",
+            str(tmp_path / "checker.log"),
+            str(run_dir / "mlperf.log"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+
+
+class StopBeforeEpoch:
+    """A live view that interrupts the run as epoch `stop_at` begins (as Ctrl-C would)."""
+
+    def __init__(self, stop_at):
+        self.stop_at = stop_at
+
+    def epoch_start(self, epoch, epochs, steps):
+        if epoch == self.stop_at:
+            raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_resume_continues_without_double_counting(tmp_path):
+    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
+    stopped, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(3))
+    assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
+    run_dir = path.parent
+    assert (
+        main(
+            [
+                "train",
+                "image_classification",
+                "--preset",
+                "tiny",
+                "--set",
+                "training.epochs=3",
+                "--resume",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
+    done = record.load(run_dir / "record.json")
+    assert done["status"] == "completed"
+    assert [e["epoch"] for e in done["timeline"]["epochs"]] == [1, 2, 3]
+    segments = done["timeline"]["segments"]
+    assert len(segments) == 2 and segments[1]["start"] >= segments[0]["stop"]
+    elapsed = sum(s["stop"] - s["start"] for s in segments)
+    wall = segments[1]["stop"] - segments[0]["start"]
+    assert elapsed < wall  # the gap between the two processes is not counted
+    assert done["timeline"]["epochs"][2]["elapsed_s"] <= elapsed + 1e-6
+    assert done["timeline"]["epochs"][2]["examples"] == 3 * 256 // 32 * 32
+
+
+def test_resume_with_another_config_is_refused(tmp_path, capsys):
+    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
+    _, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(2))
+    assert (
+        main(["train", "image_classification", "--preset", "tiny", "--resume", str(path.parent)])
+        == 2
+    )
+    assert "started with another config" in capsys.readouterr().err
+
+
+def test_diverged_loss_ends_the_run_non_zero(tmp_path, monkeypatch, capsys):
+    original = ImageClassification.loss
+
+    def exploding(self, labels, logits, smoothing):
+        return original(self, labels, logits, smoothing) * float("nan")
+
+    monkeypatch.setattr(ImageClassification, "loss", exploding)
+    assert main(["train", "image_classification", "--preset", "tiny", "--out", str(tmp_path)]) == 1
+    rec = record.load(_only_run_dir(tmp_path) / "record.json")
+    assert rec["status"] == "diverged" and "loss became nan" in rec["warnings"][0]
+    with pytest.raises(UserError, match="status is 'diverged'"):
+        scoring.score(rec, config.load_benchmark("image_classification"))
+
+
+def test_random_data_is_throughput_only(tmp_path):
+    setup = config.prepare("image_classification", "tiny", ["data.source=random"])
+    rec, _ = run.train(setup, None, tmp_path)
+    assert rec["quality"]["measured"] is False and rec["quality"]["curve"] == []
+    assert rec["flops"]["total"] is None
+    assert "random data: quality not measured (throughput only)" in rec["not_rankable_reasons"]
+
+
+def test_imagenet_tfrecords_train_end_to_end(tmp_path, imagenet_dir):  # noqa: F811
+    args = [
+        "train",
+        "image_classification",
+        "--preset",
+        "tiny",
+        "--data",
+        str(imagenet_dir),
+        "--out",
+        str(tmp_path),
+        "--set",
+        "data.source=imagenet",
+        "--set",
+        "data.train_examples=0",
+        "--set",
+        "data.eval_examples=0",
+        "--set",
+        "data.label_offset=1",
+        "--set",
+        "data.num_classes=3",
+        "--set",
+        "training.batch_per_replica=4",
+    ]
+    assert main(args) == 0
+    rec = record.load(_only_run_dir(tmp_path) / "record.json")
+    assert rec["layers"]["L9"]["dataset"] == "imagenet-1k"
+    assert rec["timeline"]["epochs"][0]["examples"] == 12  # 3 batches of 4 from 12 records
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--set", "training.epochs=0"], "epochs must be >= 1"),
+        (["--set", "training.nonsense=1"], "unknown key 'training.nonsense'"),
+        (["--set", "optimizer.momentum=1.5"], "momentum must be in [0, 1)"),
+        (["--set", "data.image_size=small"], "'data.image_size' must be int"),
+        (["--set", "training.batch_per_replica=100000"], "make no full batch"),
+        (["--preset", "reference"], "pass --data DIR"),
+        (["--preset", "reference", "--data", "/nonexistent"], "data directory not found"),
+        (["--data", "/tmp"], "this preset generates its data"),
+        (["--resume", "/nonexistent"], "not a run directory"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, capsys, args, message):
+    base = ["train", "image_classification", "--preset", "tiny", "--out", str(tmp_path)]
+    assert main(base + args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not any(tmp_path.rglob("record.json"))
+
+
+def test_flops_command(capsys):
+    assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["per_example_training"] > 2 * report["per_example_forward"] > 0
+    assert report["per_example_forward"] == pytest.approx(
+        report["analytical_per_example_forward"], rel=0.05
+    )
+
+
+def test_mirrored_strategy_and_mixed_precision(tmp_path):
+    setup = config.prepare(
+        "image_classification",
+        "tiny",
+        ["training.strategy=mirrored", "training.precision=mixed", "training.epochs=1"],
+    )
+    rec, _ = run.train(setup, None, tmp_path)
+    assert rec["status"] == "completed"
+    assert rec["layers"]["L6"]["strategy"] == "mirrored"
+    assert rec["layers"]["L7"]["precision"] == "mixed_bfloat16"
+    assert rec["layers"]["L3"]["collective_implementation"]
