@@ -224,14 +224,62 @@ def test_flops_command(capsys):
     )
 
 
-def test_mirrored_strategy_and_mixed_precision(tmp_path):
+def test_mirrored_strategy(tmp_path):
+    setup = config.prepare(
+        "image_classification", "tiny", ["training.strategy=mirrored", "training.epochs=1"]
+    )
+    rec, _ = run.train(setup, None, tmp_path)
+    assert rec["status"] == "completed", rec["warnings"]
+    assert rec["layers"]["L6"]["strategy"] == "mirrored"
+    assert rec["layers"]["L3"]["collective_implementation"]
+
+
+def test_mixed_precision_computes_in_bfloat16_on_cpu():
+    # One step only: over several steps at small sizes TF 2.21's oneDNN bf16 filter gradient
+    # has been seen returning garbage (NaN) depending on the process's memory; see the notes.
+    setup = config.prepare(
+        "image_classification", "tiny", ["training.precision=mixed", "data.image_size=64"]
+    )
+    engine = run.build_engine(setup, None)
+    assert engine.policy == "mixed_bfloat16"
+    assert engine.model.get_layer("stem_conv").compute_dtype == "bfloat16"
+    assert engine.model.get_layer("stem_conv").kernel.dtype == "float32"
+    assert engine.model.get_layer("logits").compute_dtype == "float32"
+    loss = float(engine.train_step(*next(engine.train_batches())))
+    assert 1.0 < loss < 5.0
+
+
+def test_deterministic_runs_repeat_exactly(tmp_path):
+    settings = ["training.deterministic=true", "training.epochs=1"]
+    losses = []
+    for name in ("a", "b"):
+        rec, _ = run.train(
+            config.prepare("image_classification", "tiny", settings), None, tmp_path / name
+        )
+        losses.append((rec["timeline"]["epochs"][0]["loss"], rec["quality"]["final"]))
+    assert losses[0] == losses[1]
+
+
+def test_lars_and_step_schedule_train(tmp_path):
     setup = config.prepare(
         "image_classification",
         "tiny",
-        ["training.strategy=mirrored", "training.precision=mixed", "training.epochs=1"],
+        [
+            "optimizer.name=lars",
+            "optimizer.schedule=step",
+            "optimizer.step_boundaries=[1]",
+            "optimizer.base_learning_rate=8.0",
+        ],
     )
     rec, _ = run.train(setup, None, tmp_path)
     assert rec["status"] == "completed"
-    assert rec["layers"]["L6"]["strategy"] == "mirrored"
-    assert rec["layers"]["L7"]["precision"] == "mixed_bfloat16"
-    assert rec["layers"]["L3"]["collective_implementation"]
+    assert rec["layers"]["L8"]["optimizer"] == "lars"
+    assert rec["layers"]["L8"]["step_boundaries"] == [1]
+
+
+@pytest.mark.slow
+def test_smoke_preset_reaches_its_target(tmp_path):
+    """The README's main job: the default preset reaches its own target."""
+    assert main(["train", "image_classification", "--out", str(tmp_path)]) == 0
+    rec = record.load(_only_run_dir(tmp_path) / "record.json")
+    assert rec["quality"]["reached_target"] and rec["quality"]["final"] >= 0.9

@@ -155,7 +155,42 @@ class Engine:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def train_batches(self, seed_offset: int = 0):
-        return iter(self._dataset(True, self.training.seed + seed_offset))
+        dataset = self._dataset(True, self.training.seed + seed_offset)
+        images_spec = dataset.element_spec[0]
+        specs = getattr(images_spec, "_value_specs", None) or (images_spec,)
+        expected = tuple(self.workload.input_shape())
+        for spec in specs:
+            if tuple(spec.shape[1:]) != expected or spec.dtype != tf.float32:
+                raise UserError(
+                    f"the training data gives {spec.dtype.name} images of shape "
+                    f"{tuple(spec.shape[1:])}; the model expects float32 {expected}"
+                )
+        return iter(dataset)
+
+    def synthetic_batch(self):
+        """A zero batch with the training data's element spec: for tracing and warm-up, so
+        that no training data is touched before the run starts."""
+        images = tf.zeros(self.workload.input_shape(), tf.float32)
+        labels = tf.zeros([], tf.int32)
+
+        def dataset_fn(context: tf.distribute.InputContext):
+            batch = context.get_per_replica_batch_size(self.global_batch)
+            return (
+                tf.data.Dataset.from_tensors((images, labels))
+                .repeat()
+                .batch(batch, drop_remainder=True)
+            )
+
+        return next(iter(self.strategy.distribute_datasets_from_function(dataset_fn)))
+
+    def warm_up(self, batch) -> None:
+        """Run the train step once and put every variable back: the first execution's
+        one-time costs (graph optimisation, kernel set-up) stay out of the timed run."""
+        variables = [*self.model.variables, *self.optimizer.variables]
+        saved = [tf.identity(v) for v in variables]
+        float(self.train_step(*batch))
+        for variable, value in zip(variables, saved, strict=True):
+            variable.assign(value)
 
     def count_flops(self, batch) -> FlopCount:
         """FLOPs of this engine's own train step, traced at the batch it trains on."""

@@ -33,11 +33,9 @@ def build_engine(setup: Setup, data_dir: str | None, mllog=None, view=None) -> E
     return Engine(workload, setup.training, setup.optimizer, strategy, mllog, view)
 
 
-def measure_flops(engine: Engine) -> dict:
+def measure_flops(engine: Engine, batch) -> dict:
     """Training FLOPs from the train step the engine runs; forward FLOPs both ways."""
-    batch = next(engine.train_batches())
     images = batch[0]
-    engine.workload.check_batch(engine.strategy.experimental_local_results(images)[0])
     train = engine.count_flops(batch)
     forward = tf.function(lambda x: engine.model(x, training=False))
     if engine.replicas == 1:
@@ -277,8 +275,10 @@ def train(
         mllog.start("init_start", time_ms=init_start * 1000)
         _log_setup(mllog, setup, engine)
     if view:
-        view.message("counting FLOPs of the train step (traces it once)")
-    flops = measure_flops(engine)
+        view.message("tracing the train step, counting its FLOPs, warming it up")
+    batch = engine.synthetic_batch()
+    flops = measure_flops(engine, batch)
+    engine.warm_up(batch)
     if not resume:
         mllog.end("init_stop")
     warnings, status = [], "completed"
@@ -307,7 +307,7 @@ def flops_report(setup: Setup, data_dir: str | None) -> dict:
     """FLOPs per example both ways, without training."""
     engine = build_engine(setup, data_dir)
     return {
-        **measure_flops(engine),
+        **measure_flops(engine, engine.synthetic_batch()),
         "global_batch": engine.global_batch,
         "precision": engine.policy,
     }

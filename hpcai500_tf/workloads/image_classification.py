@@ -137,12 +137,6 @@ class ImageClassification:
         correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
         return correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
-    def check_batch(self, images) -> None:
-        if tuple(images.shape[1:]) != self.input_shape():
-            raise UserError(
-                f"images of shape {tuple(images.shape[1:])}, the model expects {self.input_shape()}"
-            )
-
     def workload_layer(self) -> dict:
         m = self.model_config
         return {

@@ -1,0 +1,127 @@
+"""The full `train` command (live view, MLPerf log, loss checks, a checkpoint every epoch)
+against a bare loop over the same engine's train step, on the same data and steps.
+
+Random data keeps evaluation out of both (a throughput-only run evaluates nothing), so the
+difference is the command's own cost. Each measurement runs in its own process; the two
+kinds alternate over rounds. Reports the median examples/s of each and full/bare.
+
+    python benchmarks/train_command_overhead.py [--preset smoke] [--epochs 3] [--rounds 3]
+        [--set data.train_examples=16384]
+
+A checkpoint costs a fixed ~0.1-0.2 s here (per variable, not per byte), so on the smoke
+preset's 4-second epochs it shows as a few percent; longer epochs amortise it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def overrides(epochs: int, extra: list[str]) -> list[str]:
+    return [
+        "data.source=random",
+        f"training.epochs={epochs}",
+        "training.checkpoint_every=1",
+        *extra,
+    ]
+
+
+def measure_full(preset: str, epochs: int, extra: list[str]) -> float:
+    from hpcai500_tf.config import prepare
+    from hpcai500_tf.engine import run
+    from hpcai500_tf.report.live import LiveView
+
+    setup = prepare("image_classification", preset, overrides(epochs, extra))
+    view = LiveView()
+    with tempfile.TemporaryDirectory() as out:
+        try:
+            record, _ = run.train(setup, None, out, view=view)
+        finally:
+            view.close()
+    seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
+    return record["timeline"]["epochs"][-1]["examples"] / seconds
+
+
+def measure_bare(preset: str, epochs: int, extra: list[str]) -> float:
+    from hpcai500_tf.config import prepare
+    from hpcai500_tf.engine.run import build_engine
+
+    setup = prepare("image_classification", preset, overrides(epochs, extra))
+    engine = build_engine(setup, None)
+    batches = engine.train_batches()
+    float(engine.train_step(*next(batches)))  # trace outside the timed region, as train does
+    steps = engine.steps_per_epoch * epochs
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = engine.train_step(*next(batches))
+    float(loss)
+    return steps * engine.global_batch / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="smoke")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="config overrides for both sides, e.g. data.train_examples=16384",
+    )
+    parser.add_argument("--one", choices=("full", "bare"))
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.one:
+        rate = (measure_full if args.one == "full" else measure_bare)(
+            args.preset, args.epochs, args.set
+        )
+        print(json.dumps({"examples_per_s": rate}))
+        return
+    rates = {"full": [], "bare": []}
+    for _ in range(args.rounds):
+        for kind in ("full", "bare"):
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    kind,
+                    "--preset",
+                    args.preset,
+                    "--epochs",
+                    str(args.epochs),
+                    *(f"--set={s}" for s in args.set),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if result.returncode != 0:
+                raise SystemExit(f"{kind} failed:\n{result.stderr[-2000:]}")
+            rates[kind].append(json.loads(result.stdout.strip().splitlines()[-1])["examples_per_s"])
+    full, bare = statistics.median(rates["full"]), statistics.median(rates["bare"])
+    print(
+        f"preset {args.preset} {' '.join(args.set)}, {args.epochs} epochs of random data, "
+        f"median of {args.rounds}"
+    )
+    print(
+        f"  full train command {full:8.1f} examples/s   (runs: "
+        f"{', '.join(f'{r:.1f}' for r in rates['full'])})"
+    )
+    print(
+        f"  bare step loop     {bare:8.1f} examples/s   (runs: "
+        f"{', '.join(f'{r:.1f}' for r in rates['bare'])})"
+    )
+    print(f"  full / bare        {full / bare:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
