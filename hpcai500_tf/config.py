@@ -309,6 +309,8 @@ class Setup:
 def prepare(benchmark_name: str, preset: str, overrides: list[str] = ()) -> Setup:
     """Resolve and validate a run's config (pure Python: nothing of TensorFlow runs)."""
     benchmark = load_benchmark(benchmark_name)
+    if not benchmark.presets:
+        raise UserError(f"benchmark '{benchmark_name}' cannot be trained yet: it has no presets")
     config = resolve_preset(benchmark, preset, overrides)
     training = section(TrainingConfig, config.get("training"), "training")
     optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")

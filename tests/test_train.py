@@ -205,6 +205,7 @@ def test_imagenet_tfrecords_train_end_to_end(tmp_path, imagenet_dir):  # noqa: F
         (["--preset", "reference", "--data", "/nonexistent"], "data directory not found"),
         (["--data", "/tmp"], "this preset generates its data"),
         (["--resume", "/nonexistent"], "not a run directory"),
+        (["--preset", "smoke", "--set", "training.epochs"], "expected SECTION.KEY=VALUE"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, args, message):
@@ -283,3 +284,8 @@ def test_smoke_preset_reaches_its_target(tmp_path):
     assert main(["train", "image_classification", "--out", str(tmp_path)]) == 0
     rec = record.load(_only_run_dir(tmp_path) / "record.json")
     assert rec["quality"]["reached_target"] and rec["quality"]["final"] >= 0.9
+
+
+def test_a_benchmark_without_a_workload_says_so(capsys):
+    assert main(["train", "extreme_weather"]) == 2
+    assert "cannot be trained yet" in capsys.readouterr().err

@@ -155,8 +155,11 @@ class Engine:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def train_batches(self, seed_offset: int = 0):
-        dataset = self._dataset(True, self.training.seed + seed_offset)
-        images_spec = dataset.element_spec[0]
+        return iter(self._dataset(True, self.training.seed + seed_offset))
+
+    def check_data(self) -> None:
+        """Refuse training data whose images do not fit the model (reads no data)."""
+        images_spec = self._dataset(True, self.training.seed).element_spec[0]
         specs = getattr(images_spec, "_value_specs", None) or (images_spec,)
         expected = tuple(self.workload.input_shape())
         for spec in specs:
@@ -165,7 +168,6 @@ class Engine:
                     f"the training data gives {spec.dtype.name} images of shape "
                     f"{tuple(spec.shape[1:])}; the model expects float32 {expected}"
                 )
-        return iter(dataset)
 
     def synthetic_batch(self):
         """A zero batch with the training data's element spec: for tracing and warm-up, so

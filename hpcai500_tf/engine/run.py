@@ -261,6 +261,7 @@ def train(
         raise UserError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
     config_id = fingerprint(setup.config)
     engine = build_engine(setup, data_dir, None, view)  # strategy first, then TF work
+    engine.check_data()
     if run_dir is None:
         run_dir = new_run_dir(out_dir, setup)
         record_io.write_atomic(run_dir / CONFIG_FILE, setup.config)
