@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -154,6 +155,72 @@ def _flops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _roofline(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpcai500_tf import config, record
+
+    run_record = record.load(args.record) if args.record else None
+    benchmark = run_record["benchmark"] if run_record else args.benchmark
+    preset = run_record["preset"] if run_record else args.preset
+    overrides = [] if run_record else list(args.set)
+    setup = config.prepare(benchmark, preset, overrides)
+    if args.batch is not None:
+        if args.batch < 1:
+            raise UserError(f"--batch must be >= 1, got {args.batch}")
+        setup = config.prepare(
+            benchmark, preset, [*overrides, f"training.batch_per_replica={args.batch}"]
+        )
+    if run_record:  # the run's own model and precision
+        setup = config.Setup(
+            setup.benchmark,
+            setup.preset,
+            run_record["config"],
+            config.section(config.TrainingConfig, run_record["config"].get("training"), "training"),
+            setup.optimizer,
+        )
+    _import_tensorflow()
+    from hpcai500_tf.engine.run import build_engine
+    from hpcai500_tf.report.console import ceilings_table, console, workload_table
+    from hpcai500_tf.roofline import chart, kernels, measure
+
+    plan = measure.QUICK if args.quick else measure.FULL
+    if args.dtypes:
+        unknown = set(args.dtypes.split(",")) - set(kernels.DTYPES)
+        if unknown:
+            raise UserError(
+                f"unknown dtype {', '.join(sorted(unknown))} (known: {', '.join(kernels.DTYPES)})"
+            )
+        plan = dataclasses.replace(plan, dtypes=tuple(args.dtypes.split(",")))
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out}: exists and is not empty; refusing to overwrite it")
+    engine = build_engine(
+        setup, None if setup.config["data"]["source"] != "imagenet" else "/nonexistent"
+    )
+    say = console.print
+    measured = measure.ceilings(plan, measure.resnet50_conv_shapes(plan), say)
+    work = None
+    if not args.no_workload:
+        work = measure.workload_points(engine, plan.min_seconds, say)
+    result = measure.new_record(
+        "quick" if args.quick else "full",
+        measured,
+        work,
+        {"benchmark": benchmark, "preset": preset},
+    )
+    if run_record:
+        result["run"] = {"record": str(args.record), **measure.record_point(run_record, engine)}
+    out.mkdir(parents=True, exist_ok=True)
+    record.write_atomic(out / "roofline.json", result)
+    images = chart.draw(result, out / "roofline")
+    console.print(ceilings_table(result))
+    if work:
+        console.print(workload_table(result))
+    console.print(f"record: {out / 'roofline.json'}\nchart: {', '.join(map(str, images))}")
+    return 0
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("benchmark", help="image_classification")
     parser.add_argument(
@@ -187,6 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(flops)
     flops.add_argument("--json", action="store_true")
     flops.set_defaults(handler=_flops)
+
+    roofline = commands.add_parser(
+        "roofline", help="measure GEMM, convolution and bandwidth ceilings; place a workload"
+    )
+    roofline.add_argument("--quick", action="store_true", help="a sweep of under a minute")
+    roofline.add_argument("--dtypes", help="comma-separated: fp64,fp32,tf32,bf16,fp16")
+    roofline.add_argument("--benchmark", default="image_classification")
+    roofline.add_argument("--preset", default="smoke", help="whose model is placed")
+    roofline.add_argument("--batch", type=int, help="batch per replica for the workload")
+    roofline.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    roofline.add_argument("--record", help="place this finished training run on the roofline")
+    roofline.add_argument("--no-workload", action="store_true", help="ceilings only")
+    roofline.add_argument("--out", default="runs/roofline", help="output directory")
+    roofline.set_defaults(handler=_roofline)
 
     sysinfo = commands.add_parser("sysinfo", help="show the observable layers of this machine")
     sysinfo.add_argument("--json", action="store_true", help="print JSON instead of a table")

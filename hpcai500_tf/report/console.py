@@ -150,3 +150,63 @@ def flops_table(benchmark: str, preset: str, report: dict) -> Table:
     )
     table.caption = "uncounted op types: " + ", ".join(report["uncounted_op_types"])
     return table
+
+
+def ceilings_table(result: dict) -> Table:
+    table = Table(title=f"Ceilings ({result['plan']} sweep)")
+    for column in (
+        "dtype",
+        "GEMM",
+        "conv",
+        "bandwidth",
+        "ridge (FLOP/B)",
+        "theoretical",
+        "efficiency",
+    ):
+        table.add_column(column)
+    bandwidth = result["bandwidth_ceiling"]
+    for dtype, r in result["dtypes"].items():
+        efficiency = f"{r['efficiency']:.0%}" if r["efficiency"] else "-"
+        ridge = f"{r['ridge_point']:.1f}" if r["ridge_point"] else "-"
+        table.add_row(
+            dtype,
+            si(r["gemm_ceiling"], "FLOPS"),
+            si(r["conv_ceiling"], "FLOPS"),
+            si(bandwidth, "B/s"),
+            ridge,
+            si(r["theoretical_peak"], "FLOPS"),
+            efficiency,
+        )
+    for what, reason in result["skipped"].items():
+        table.add_row(what, f"[dim]skipped: {reason}[/dim]", "", "", "", "", "")
+    return table
+
+
+def workload_table(result: dict) -> Table:
+    work = result["workload"]
+    roof = result["dtypes"].get(work["dtype"], {})
+    compute = max(
+        (v for v in (roof.get("gemm_ceiling"), roof.get("conv_ceiling")) if v), default=None
+    )
+    bandwidth = result["bandwidth_ceiling"]
+    table = Table(
+        title=f"{result['benchmark']} / {result['preset']} on the roofline "
+        f"({work['dtype']}, batch {work['batch']})"
+    )
+    for column in ("layer", "count", "FLOP/B", "achieved", "bound", "of roof"):
+        table.add_column(column)
+    rows = [
+        (p["layer"], str(p["count"]), p["operational_intensity"], p["achieved_flops"])
+        for p in work["layers"]
+    ]
+    step = work["step"]
+    rows.append(("whole train step", "1", step["operational_intensity"], step["achieved_flops"]))
+    for name, count, intensity, achieved in rows:
+        if compute and bandwidth:
+            roof_here = min(compute, bandwidth * intensity)
+            bound = "memory" if bandwidth * intensity < compute else "compute"
+            share = f"{achieved / roof_here:.0%}"
+        else:
+            bound, share = "-", "-"
+        table.add_row(name, count, f"{intensity:.1f}", si(achieved, "FLOPS"), bound, share)
+    return table

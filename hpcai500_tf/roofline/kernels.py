@@ -1,0 +1,242 @@
+"""Kernels that measure the machine: GEMM, convolution (forward and both backward passes) and
+streaming, each timed with warm-up, a device sync, repetitions to a minimum time, and medians.
+
+Each repetition depends on the previous one's result inside one tf.function (a while loop),
+so TensorFlow can neither merge identical calls nor drop them: done naively, identical matmuls
+in one function are merged and report several times the machine's peak.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+DTYPES = {
+    "fp64": tf.float64,
+    "fp32": tf.float32,
+    "tf32": tf.float32,
+    "bf16": tf.bfloat16,
+    "fp16": tf.float16,
+}
+TINY = 1e-30  # couples one repetition to the next without changing the values that matter
+
+
+@dataclass(frozen=True)
+class Timing:
+    seconds: float  # median per repetition
+    spread: float  # (max - min) / median over the timed calls
+    repetitions: int  # repetitions per timed call
+    calls: int
+
+
+def time_chain(step, state, min_seconds: float, calls: int = 5) -> Timing:
+    """Time `state = step(state)` repeated in a while loop; median seconds per repetition."""
+
+    @tf.function
+    def run(state, count):
+        return tf.while_loop(
+            lambda i, s: i < count, lambda i, s: (i + 1, step(s)), (tf.constant(0), state)
+        )[1]
+
+    def sync(result):
+        flat = tf.nest.flatten(result)
+        return float(tf.cast(tf.reshape(flat[0], [-1])[0], tf.float32))  # read back: sync
+
+    count = 1
+    sync(run(state, tf.constant(count)))  # trace and warm up
+    while True:
+        start = time.perf_counter()
+        sync(run(state, tf.constant(count)))
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds or count >= 1 << 20:
+            break
+        count = max(count * 2, int(count * min_seconds / max(elapsed, 1e-6) * 1.2))
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        sync(run(state, tf.constant(count)))
+        samples.append((time.perf_counter() - start) / count)
+    median = statistics.median(samples)
+    return Timing(median, (max(samples) - min(samples)) / median, count, calls)
+
+
+def dtype_supported(dtype_name: str) -> str | None:
+    """None when this device can multiply and convolve in the dtype; else why not."""
+    if dtype_name == "tf32":
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            return "TF32 exists only on NVIDIA GPUs (Ampere and later)"
+        major = tf.config.experimental.get_device_details(gpus[0]).get(
+            "compute_capability", (0, 0)
+        )[0]
+        if major < 8:
+            return "this GPU has no TF32 (needs compute capability 8.0)"
+        return None
+    dtype = DTYPES[dtype_name]
+    try:
+        a = tf.ones([8, 8], dtype)
+        tf.linalg.matmul(a, a).numpy()
+        tf.nn.conv2d(tf.ones([1, 4, 4, 2], dtype), tf.ones([1, 1, 2, 2], dtype), 1, "SAME").numpy()
+    except (
+        tf.errors.NotFoundError,
+        tf.errors.InvalidArgumentError,
+        tf.errors.UnimplementedError,
+    ) as error:
+        return f"no {dtype_name} kernel on this device ({error.__class__.__name__})"
+    return None
+
+
+def _set_tf32(dtype_name: str) -> None:
+    tf.config.experimental.enable_tensor_float_32_execution(dtype_name == "tf32")
+
+
+GEMM_LAYOUTS = ("nn", "nt")  # B as stored, or transposed: oneDNN's speed differs by layout
+
+
+def gemm(
+    n: int, dtype_name: str, min_seconds: float, layout: str | None = None
+) -> tuple[float, Timing, str]:
+    """FLOPS of an n x n x n matrix multiply (2 n^3 per multiply), best over layouts."""
+    _set_tf32(dtype_name)
+    dtype = DTYPES[dtype_name]
+    b = tf.cast(tf.random.stateless_normal([n, n], [1, 2]) / n**0.5, dtype)
+    a = tf.cast(tf.random.stateless_normal([n, n], [3, 4]), dtype)
+    best = None
+    for name in (layout,) if layout else GEMM_LAYOUTS:
+        timing = time_chain(
+            lambda x, t=(name == "nt"): tf.linalg.matmul(x, b, transpose_b=t), a, min_seconds
+        )
+        if best is None or timing.seconds < best[1].seconds:
+            best = (2.0 * n**3 / timing.seconds, timing, name)
+    return best
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One convolution: NHWC input of `batch` x size x size x cin, kernel k x k x cin x cout."""
+
+    name: str
+    batch: int
+    size: int
+    cin: int
+    cout: int
+    kernel: int
+    stride: int
+
+    @property
+    def out_size(self) -> int:
+        return -(-self.size // self.stride)
+
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.out_size**2 * self.kernel**2 * self.cin * self.cout
+
+    def bytes(self, itemsize: int) -> float:
+        """Minimum traffic of one pass: input, weights and output once each."""
+        elements = (
+            self.batch * self.size**2 * self.cin
+            + self.kernel**2 * self.cin * self.cout
+            + self.batch * self.out_size**2 * self.cout
+        )
+        return float(elements * itemsize)
+
+
+def conv(
+    shape: ConvShape, dtype_name: str, direction: str, min_seconds: float
+) -> tuple[float, Timing]:
+    """FLOPS of one convolution pass: forward, backward_input or backward_filter."""
+    _set_tf32(dtype_name)
+    dtype = DTYPES[dtype_name]
+    s, k = shape, shape.kernel
+    x = tf.cast(tf.random.stateless_normal([s.batch, s.size, s.size, s.cin], [5, 6]), dtype)
+    w = tf.cast(tf.random.stateless_normal([k, k, s.cin, s.cout], [7, 8]) * 0.01, dtype)
+    dy = tf.cast(
+        tf.random.stateless_normal([s.batch, s.out_size, s.out_size, s.cout], [9, 1]), dtype
+    )
+    strides = [1, s.stride, s.stride, 1]
+    tiny = tf.constant(TINY, tf.float32)
+
+    def couple(tensor, result):
+        return tensor + tf.cast(tiny * tf.cast(tf.reshape(result, [-1])[0], tf.float32), dtype)
+
+    if direction == "forward":
+
+        def step(state):
+            return couple(state, tf.nn.conv2d(x, state, strides, "SAME"))
+
+        start = w
+    elif direction == "backward_input":
+
+        def step(state):
+            return couple(
+                state,
+                tf.raw_ops.Conv2DBackpropInput(
+                    input_sizes=tf.shape(x),
+                    filter=state,
+                    out_backprop=dy,
+                    strides=strides,
+                    padding="SAME",
+                ),
+            )
+
+        start = w
+    elif direction == "backward_filter":
+
+        def step(state):
+            return couple(
+                state,
+                tf.raw_ops.Conv2DBackpropFilter(
+                    input=state,
+                    filter_sizes=tf.shape(w),
+                    out_backprop=dy,
+                    strides=strides,
+                    padding="SAME",
+                ),
+            )
+
+        start = x
+    else:
+        raise ValueError(f"unknown direction {direction}")
+    timing = time_chain(step, start, min_seconds)
+    return shape.flops() / timing.seconds, timing
+
+
+STREAM_KERNELS = ("copy", "scale", "add", "triad")
+
+
+def stream(kernel: str, elements: int, dtype_name: str, min_seconds: float) -> tuple[float, Timing]:
+    """Bytes/s of a STREAM-style kernel over arrays far larger than the last-level cache."""
+    dtype = DTYPES[dtype_name]
+    q = tf.constant(0.5, dtype)
+    other = tf.cast(tf.fill([elements], 1.0), dtype)
+    itemsize = dtype.size
+    if kernel == "copy":  # c = a: read 1, write 1
+
+        def step(a):
+            return tf.raw_ops.DeepCopy(x=a)
+
+        moved = 2
+    elif kernel == "scale":  # b = q c
+
+        def step(a):
+            return q * a
+
+        moved = 2
+    elif kernel == "add":  # c = a + b
+
+        def step(a):
+            return a + other
+
+        moved = 3
+    elif kernel == "triad":  # a = b + q c
+
+        def step(a):
+            return other + q * a
+
+        moved = 3
+    else:
+        raise ValueError(f"unknown stream kernel {kernel}")
+    timing = time_chain(step, tf.cast(tf.fill([elements], 1.0), dtype), min_seconds)
+    return moved * elements * itemsize / timing.seconds, timing

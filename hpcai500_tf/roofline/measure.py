@@ -1,0 +1,213 @@
+"""The roofline sweep: ceilings per dtype, then the workload's points, into one JSON record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from hpcai500_tf import __version__, layers
+from hpcai500_tf.roofline import kernels, peaks, workload
+
+RECORD_KIND = "hpcai500-roofline"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Sizes and times of a sweep; `quick` finishes in under a minute on 2 CPU cores."""
+
+    gemm_sizes: tuple[int, ...]
+    conv_batch: int
+    conv_shapes: str  # "stage_3x3": the 3x3 conv of each stage; "all": every distinct shape
+    stream_elements: int
+    min_seconds: float
+    dtypes: tuple[str, ...]
+    seconds_per_dtype: float  # past this, a dtype's remaining measurements are skipped
+
+
+QUICK = SweepPlan((256, 512, 1024), 8, "stage_3x3", 1 << 25, 0.05, ("fp32", "bf16"), 20)
+FULL = SweepPlan(
+    (256, 512, 1024, 2048, 4096),
+    32,
+    "all",
+    1 << 27,
+    0.2,
+    ("fp64", "fp32", "tf32", "bf16", "fp16"),
+    150,
+)
+
+
+def resnet50_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
+    """The distinct convolution shapes of ResNet-50 v1.5 at 224x224 (SPEC: the IC model)."""
+    from hpcai500_tf.models.resnet import resnet50_v15
+
+    shapes = [s for s, _ in workload.layer_shapes(resnet50_v15(), plan.conv_batch) if s.size > 1]
+    if plan.conv_shapes == "stage_3x3":
+        shapes = [s for s in shapes if s.kernel == 3 and s.stride == 1]
+    return shapes
+
+
+def _fits(bytes_needed: float) -> bool:
+    """Refuse sizes that would not fit: a quarter of physical memory at most."""
+    total = layers.hardware_layer().get("memory_bytes") or 0
+    return not total or bytes_needed < total / 4
+
+
+def ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -> dict:
+    hardware = layers.hardware_layer()
+    results, skipped = {}, {}
+    bandwidth = {}
+    for name in kernels.STREAM_KERNELS:
+        if not _fits(3 * plan.stream_elements * 4):
+            skipped[f"stream {name}"] = "arrays do not fit in memory"
+            continue
+        rate, timing = kernels.stream(name, plan.stream_elements, "fp32", plan.min_seconds)
+        bandwidth[name] = {"bytes_per_s": rate, "spread": timing.spread}
+        say(f"stream {name:5s} {rate / 1e9:8.1f} GB/s")
+    best_bandwidth = max((b["bytes_per_s"] for b in bandwidth.values()), default=None)
+    for dtype in plan.dtypes:
+        reason = kernels.dtype_supported(dtype)
+        if reason:
+            skipped[dtype] = reason
+            say(f"{dtype}: skipped ({reason})")
+            continue
+        itemsize = kernels.DTYPES[dtype].size
+        deadline = time.perf_counter() + plan.seconds_per_dtype
+        gemm, rate = [], None
+        for n in plan.gemm_sizes:
+            if not _fits(3 * n * n * itemsize):
+                skipped[f"{dtype} gemm {n}"] = "does not fit in memory"
+                continue
+            # A repetition at this size must fit the time left several times over.
+            if rate and 2 * n**3 / rate * 10 > deadline - time.perf_counter():
+                skipped[f"{dtype} gemm {n}+"] = "beyond this dtype's time bound"
+                break
+            rate, timing, layout = kernels.gemm(n, dtype, plan.min_seconds)
+            gemm.append({"n": n, "flops": rate, "spread": timing.spread, "layout": layout})
+            say(f"{dtype} gemm {n:5d} {rate / 1e9:9.1f} GFLOP/s ({layout})")
+        convs = []
+        for index, shape in enumerate(conv_shapes):
+            if time.perf_counter() > deadline:
+                skipped[f"{dtype} conv"] = (
+                    f"time bound reached after {index} of {len(conv_shapes)} shapes"
+                )
+                break
+            rates = []
+            for direction in ("forward", "backward_input", "backward_filter"):
+                rate, timing = kernels.conv(shape, dtype, direction, plan.min_seconds)
+                rates.append(rate)
+                convs.append(
+                    {
+                        "shape": shape.__dict__,
+                        "direction": direction,
+                        "flops": rate,
+                        "spread": timing.spread,
+                    }
+                )
+            say(
+                f"{dtype} conv {shape.kernel}x{shape.kernel}/{shape.stride} {shape.size:3d}px "
+                f"{shape.cin:4d}->{shape.cout:<4d} fwd/bwd-in/bwd-filter "
+                + " / ".join(f"{r / 1e9:.1f}" for r in rates)
+                + " GFLOP/s"
+            )
+        gemm_peak = max((g["flops"] for g in gemm), default=None)
+        conv_peak = max((c["flops"] for c in convs), default=None)
+        if gemm_peak is None and conv_peak is None:
+            continue
+        compute = max(v for v in (gemm_peak, conv_peak) if v is not None)
+        peak, peak_method = peaks.theoretical_peak(dtype, hardware)
+        results[dtype] = {
+            "gemm": gemm,
+            "conv": convs,
+            "gemm_ceiling": gemm_peak,
+            "conv_ceiling": conv_peak,
+            "ridge_point": compute / best_bandwidth if best_bandwidth else None,
+            "theoretical_peak": peak,
+            "theoretical_peak_method": peak_method,
+            "efficiency": compute / peak if peak else None,
+        }
+    return {
+        "bandwidth": bandwidth,
+        "bandwidth_ceiling": best_bandwidth,
+        "dtypes": results,
+        "skipped": skipped,
+    }
+
+
+def workload_points(engine, min_seconds: float, say=print) -> dict:
+    """The engine's model: each layer alone, and its whole train step, at its batch."""
+    dtype = (
+        "bf16"
+        if engine.policy == "mixed_bfloat16"
+        else ("fp16" if engine.policy == "mixed_float16" else "fp32")
+    )
+    itemsize = kernels.DTYPES[dtype].size
+    shapes = workload.layer_shapes(engine.model, engine.global_batch)
+    points = workload.layer_points(shapes, dtype, itemsize, min_seconds)
+    batch = engine.synthetic_batch()
+    step_flops = engine.count_flops(batch).total
+    engine.warm_up(batch)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        float(engine.train_step(*batch))
+        times.append(time.perf_counter() - start)
+    seconds = sorted(times)[1]
+    traffic = workload.step_traffic_bytes(shapes, itemsize)
+    say(f"train step: {step_flops / seconds / 1e9:.1f} GFLOP/s at batch {engine.global_batch}")
+    return {
+        "dtype": dtype,
+        "batch": engine.global_batch,
+        "layers": points,
+        "step": {
+            "flops": step_flops,
+            "seconds": seconds,
+            "achieved_flops": step_flops / seconds,
+            "bytes": traffic,
+            "operational_intensity": step_flops / traffic,
+            "flops_method": "TF registered op statistics of the traced train step",
+            "bytes_method": "minimum per layer: input, weights, output in 3 passes",
+        },
+    }
+
+
+def record_point(record: dict, engine) -> dict:
+    """A finished training run on the roofline: its own achieved FLOPS and step intensity."""
+    epochs = record["timeline"]["epochs"]
+    if not epochs:
+        raise ValueError("the record has no trained epochs")
+    examples = epochs[-1]["examples"]
+    seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
+    itemsize = 2 if "16" in str(record["layers"]["L7"].get("precision")) else 4
+    shapes = workload.layer_shapes(engine.model, 1)
+    traffic_per_example = workload.step_traffic_bytes(shapes, itemsize)
+    flops_per_example = record["flops"]["per_example_training"]
+    return {
+        "achieved_flops": flops_per_example * examples / seconds,
+        "operational_intensity": flops_per_example / traffic_per_example,
+        "examples": examples,
+        "seconds": seconds,
+    }
+
+
+def new_record(
+    plan_name: str, measured: dict, workload_result: dict | None, setup_info: dict
+) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": RECORD_KIND,
+        "plan": plan_name,
+        "tool": {"name": "hpcai500-tf", "version": __version__},
+        "layers": layers.system_layers(),
+        "workload": workload_result,
+        **setup_info,
+        **measured,
+        "timing_method": (
+            "each repetition depends on the previous result inside one "
+            "tf.function while loop; warm-up call, repetitions doubled to a "
+            "minimum time, 5 timed calls, median; sync by reading a value back"
+        ),
+        "tensorflow": tf.__version__,
+    }

@@ -1,0 +1,133 @@
+"""Roofline kernels, ceilings, placement and the command, at sizes that run in seconds."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from hpcai500_tf import layers
+from hpcai500_tf.cli import main
+from hpcai500_tf.roofline import kernels, peaks, workload
+from hpcai500_tf.roofline.measure import QUICK, resnet50_conv_shapes
+
+
+def test_chained_gemm_stays_below_the_machine_peak():
+    """Unchained, identical matmuls are merged and report several times the peak."""
+    rate, timing, layout = kernels.gemm(256, "fp32", min_seconds=0.02)
+    assert layout in kernels.GEMM_LAYOUTS
+    peak, _ = peaks.theoretical_peak("fp32", layers.hardware_layer())
+    assert timing.repetitions >= 1 and rate > 0
+    if peak:  # the reported clock may sit below the turbo clock: allow 2x, not 5x
+        assert rate < 2 * peak
+
+
+def test_conv_passes_and_stream_measure_something():
+    shape = kernels.ConvShape("c", 2, 8, 8, 8, 3, 2)
+    assert shape.out_size == 4 and shape.flops() == 2 * 2 * 16 * 9 * 8 * 8
+    for direction in ("forward", "backward_input", "backward_filter"):
+        rate, _ = kernels.conv(shape, "fp32", direction, min_seconds=0.01)
+        assert rate > 0
+    bandwidth, _ = kernels.stream("triad", 1 << 16, "fp32", min_seconds=0.01)
+    assert bandwidth > 0
+    with pytest.raises(ValueError):
+        kernels.conv(shape, "fp32", "sideways", 0.01)
+
+
+def test_unsupported_dtypes_are_named():
+    if not tf.config.list_physical_devices("GPU"):
+        assert "NVIDIA" in kernels.dtype_supported("tf32")
+    assert kernels.dtype_supported("fp32") is None
+
+
+def test_theoretical_peaks():
+    isa = {"avx512f", "avx2", "fma", "amx_bf16", "avx512_bf16"}
+    assert peaks.cpu_flops_per_cycle("fp32", isa) == 64
+    assert peaks.cpu_flops_per_cycle("fp64", isa) == 32
+    assert peaks.cpu_flops_per_cycle("bf16", isa) == 1024
+    assert peaks.cpu_flops_per_cycle("bf16", {"avx2", "fma"}) == 32
+    peak, method = peaks.theoretical_peak("bf16", {"accelerators": [{"model": "NVIDIA H200"}]})
+    assert peak == 989e12 and "H200" in method
+    assert peaks.theoretical_peak("fp32", {"accelerators": [{"model": "Mystery GPU"}]})[0] is None
+
+
+def test_resnet50_shapes_and_step_traffic():
+    shapes = resnet50_conv_shapes(QUICK)
+    assert [(s.size, s.cin) for s in shapes] == [(56, 64), (28, 128), (14, 256), (7, 512)]
+    one = kernels.ConvShape("c", 1, 4, 2, 3, 1, 1)
+    # input 16x2, weights 2x3, output 16x3 elements; three passes of 4-byte values
+    assert workload.step_traffic_bytes([(one, 2)], 4) == 2 * 3 * (32 + 6 + 48) * 4
+
+
+def test_roofline_command_writes_record_and_chart(tmp_path, capsys):
+    out = tmp_path / "roof"
+    args = ["roofline", "--quick", "--dtypes", "fp32", "--preset", "tiny", "--out", str(out)]
+    assert main(args) == 0
+    result = json.loads((out / "roofline.json").read_text())
+    assert result["kind"] == "hpcai500-roofline" and list(result["layers"]) == [
+        "L1",
+        "L2",
+        "L3",
+        "L4",
+        "L5",
+    ]
+    fp32 = result["dtypes"]["fp32"]
+    assert fp32["gemm_ceiling"] > 0 and fp32["conv_ceiling"] > 0
+    assert fp32["ridge_point"] == pytest.approx(
+        max(fp32["gemm_ceiling"], fp32["conv_ceiling"]) / result["bandwidth_ceiling"]
+    )
+    step = result["workload"]["step"]
+    assert step["achieved_flops"] > 0 and step["operational_intensity"] > 0
+    assert (out / "roofline.png").stat().st_size > 0 and (out / "roofline.svg").is_file()
+    assert main(args) == 2  # never overwrites
+    assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_roofline_places_a_training_record(tmp_path):
+    assert (
+        main(
+            [
+                "train",
+                "image_classification",
+                "--preset",
+                "tiny",
+                "--set",
+                "training.epochs=1",
+                "--out",
+                str(tmp_path / "runs"),
+            ]
+        )
+        == 0
+    )
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    out = tmp_path / "roof"
+    assert (
+        main(
+            [
+                "roofline",
+                "--quick",
+                "--dtypes",
+                "fp32",
+                "--no-workload",
+                "--record",
+                str(run_dir / "record.json"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    run = json.loads((out / "roofline.json").read_text())["run"]
+    assert run["achieved_flops"] > 0 and run["examples"] == 256
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtypes", "fp8"], "unknown dtype fp8"),
+        (["--record", "/nonexistent.json"], "no such record file"),
+        (["--batch", "0"], "--batch must be >= 1"),
+    ],
+)
+def test_roofline_bad_input(tmp_path, capsys, args, message):
+    assert main(["roofline", "--quick", "--out", str(tmp_path / "r"), *args]) == 2
+    assert message in capsys.readouterr().err
