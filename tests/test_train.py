@@ -289,3 +289,11 @@ def test_smoke_preset_reaches_its_target(tmp_path):
 def test_a_benchmark_without_a_workload_says_so(capsys):
     assert main(["train", "extreme_weather"]) == 2
     assert "cannot be trained yet" in capsys.readouterr().err
+
+
+def test_xla_switch(tmp_path):
+    setup = config.prepare(
+        "image_classification", "tiny", ["training.xla=true", "training.epochs=1"]
+    )
+    rec, _ = run.train(setup, None, tmp_path)
+    assert rec["status"] == "completed" and rec["layers"]["L7"]["xla"] is True

@@ -177,8 +177,10 @@ def ceilings_table(result: dict) -> Table:
             si(r["theoretical_peak"], "FLOPS"),
             efficiency,
         )
-    for what, reason in result["skipped"].items():
-        table.add_row(what, f"[dim]skipped: {reason}[/dim]", "", "", "", "", "")
+    if result["skipped"]:
+        table.caption = "skipped: " + "; ".join(
+            f"{what}: {reason}" for what, reason in result["skipped"].items()
+        )
     return table
 
 
