@@ -262,6 +262,11 @@ class TrainingConfig:
             return f"strategy must be default, mirrored or multi_worker, got '{self.strategy}'"
         if self.eval_every < 1 or self.checkpoint_every < 0:
             return "eval_every must be >= 1 and checkpoint_every >= 0"
+        if self.deterministic and self.xla:
+            return (
+                "deterministic and xla cannot be combined (XLA has no deterministic "
+                "max-pool gradient)"
+            )
         return None
 
 

@@ -199,6 +199,10 @@ def test_imagenet_tfrecords_train_end_to_end(tmp_path, imagenet_dir):  # noqa: F
         (["--set", "training.epochs=0"], "epochs must be >= 1"),
         (["--set", "training.nonsense=1"], "unknown key 'training.nonsense'"),
         (["--set", "optimizer.momentum=1.5"], "momentum must be in [0, 1)"),
+        (
+            ["--set", "training.xla=true", "--set", "training.deterministic=true"],
+            "deterministic and xla cannot be combined",
+        ),
         (["--set", "data.image_size=small"], "'data.image_size' must be int"),
         (["--set", "training.batch_per_replica=100000"], "make no full batch"),
         (["--preset", "reference"], "pass --data DIR"),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config  # disable_op_determinism
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import OptimizerConfig, TrainingConfig
@@ -90,8 +91,11 @@ class Engine:
         self.policy = precision_policy(training.precision)
         keras.mixed_precision.set_global_policy(self.policy)
         keras.utils.set_random_seed(training.seed)
+        # Set either way: op determinism is process-wide and would outlive this engine.
         if training.deterministic:
-            tf.config.experimental.enable_op_determinism()
+            tf_config.enable_op_determinism()
+        else:
+            tf_config.disable_op_determinism()
         with strategy.scope():
             self.model = workload.build_model()
             self.optimizer = optimizers.build_optimizer(
