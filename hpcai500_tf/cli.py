@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -164,21 +165,22 @@ def _roofline(args: argparse.Namespace) -> int:
     benchmark = run_record["benchmark"] if run_record else args.benchmark
     preset = run_record["preset"] if run_record else args.preset
     overrides = [] if run_record else list(args.set)
-    setup = config.prepare(benchmark, preset, overrides)
     if args.batch is not None:
         if args.batch < 1:
             raise UserError(f"--batch must be >= 1, got {args.batch}")
-        setup = config.prepare(
-            benchmark, preset, [*overrides, f"training.batch_per_replica={args.batch}"]
-        )
-    if run_record:  # the run's own model and precision
-        setup = config.Setup(
-            setup.benchmark,
-            setup.preset,
-            run_record["config"],
-            config.section(config.TrainingConfig, run_record["config"].get("training"), "training"),
-            setup.optimizer,
-        )
+        overrides.append(f"training.batch_per_replica={args.batch}")
+    setup = config.prepare(benchmark, preset, overrides)
+    # The roofline reads no data (it times synthetic batches): the model and precision come
+    # from the preset, or from the record's own config.
+    run_config = copy.deepcopy(run_record["config"] if run_record else setup.config)
+    run_config["data"]["source"] = "random"
+    setup = config.Setup(
+        setup.benchmark,
+        setup.preset,
+        run_config,
+        config.section(config.TrainingConfig, run_config.get("training"), "training"),
+        setup.optimizer,
+    )
     _import_tensorflow()
     from hpcai500_tf.engine.run import build_engine
     from hpcai500_tf.report.console import ceilings_table, console, workload_table

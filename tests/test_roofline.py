@@ -120,6 +120,27 @@ def test_roofline_places_a_training_record(tmp_path):
     assert run["achieved_flops"] > 0 and run["examples"] == 256
 
 
+def test_roofline_places_the_reference_model_without_data(tmp_path):
+    out = tmp_path / "roof"
+    assert (
+        main(
+            [
+                "roofline",
+                "--quick",
+                "--dtypes",
+                "fp32",
+                "--no-workload",
+                "--preset",
+                "reference",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert json.loads((out / "roofline.json").read_text())["preset"] == "reference"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
