@@ -164,23 +164,16 @@ def _roofline(args: argparse.Namespace) -> int:
     run_record = record.load(args.record) if args.record else None
     benchmark = run_record["benchmark"] if run_record else args.benchmark
     preset = run_record["preset"] if run_record else args.preset
-    overrides = [] if run_record else list(args.set)
-    if args.batch is not None:
-        if args.batch < 1:
-            raise UserError(f"--batch must be >= 1, got {args.batch}")
-        overrides.append(f"training.batch_per_replica={args.batch}")
-    setup = config.prepare(benchmark, preset, overrides)
+    if args.batch is not None and args.batch < 1:
+        raise UserError(f"--batch must be >= 1, got {args.batch}")
+    setup = config.prepare(benchmark, preset, [] if run_record else args.set)
     # The roofline reads no data (it times synthetic batches): the model and precision come
     # from the preset, or from the record's own config.
     run_config = copy.deepcopy(run_record["config"] if run_record else setup.config)
     run_config["data"]["source"] = "random"
-    setup = config.Setup(
-        setup.benchmark,
-        setup.preset,
-        run_config,
-        config.section(config.TrainingConfig, run_config.get("training"), "training"),
-        setup.optimizer,
-    )
+    if args.batch is not None:
+        run_config["training"]["batch_per_replica"] = args.batch
+    setup = config.setup_from(setup.benchmark, preset, run_config)
     _import_tensorflow()
     from hpcai500_tf.engine.run import build_engine
     from hpcai500_tf.report.console import ceilings_table, console, workload_table

@@ -311,12 +311,16 @@ class Setup:
     optimizer: OptimizerConfig
 
 
+def setup_from(benchmark: Benchmark, preset: str, config: dict) -> Setup:
+    """Validate a resolved config (a preset's, or one carried by a record)."""
+    training = section(TrainingConfig, config.get("training"), "training")
+    optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
+    return Setup(benchmark, preset, config, training, optimizer)
+
+
 def prepare(benchmark_name: str, preset: str, overrides: list[str] = ()) -> Setup:
     """Resolve and validate a run's config (pure Python: nothing of TensorFlow runs)."""
     benchmark = load_benchmark(benchmark_name)
     if not benchmark.presets:
         raise UserError(f"benchmark '{benchmark_name}' cannot be trained yet: it has no presets")
-    config = resolve_preset(benchmark, preset, overrides)
-    training = section(TrainingConfig, config.get("training"), "training")
-    optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
-    return Setup(benchmark, preset, config, training, optimizer)
+    return setup_from(benchmark, preset, resolve_preset(benchmark, preset, overrides))

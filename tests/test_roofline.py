@@ -82,6 +82,13 @@ def test_roofline_command_writes_record_and_chart(tmp_path, capsys):
     assert "refusing to overwrite" in capsys.readouterr().err
 
 
+def quick_fp32_roofline(out, *extra) -> int:
+    """`hpcai500-tf roofline --quick --dtypes fp32 --no-workload ... --out OUT`."""
+    return main(
+        ["roofline", "--quick", "--dtypes", "fp32", "--no-workload", *extra, "--out", str(out)]
+    )
+
+
 def test_roofline_places_a_training_record(tmp_path):
     assert (
         main(
@@ -100,44 +107,14 @@ def test_roofline_places_a_training_record(tmp_path):
     )
     (run_dir,) = list((tmp_path / "runs").iterdir())
     out = tmp_path / "roof"
-    assert (
-        main(
-            [
-                "roofline",
-                "--quick",
-                "--dtypes",
-                "fp32",
-                "--no-workload",
-                "--record",
-                str(run_dir / "record.json"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert quick_fp32_roofline(out, "--record", str(run_dir / "record.json")) == 0
     run = json.loads((out / "roofline.json").read_text())["run"]
     assert run["achieved_flops"] > 0 and run["examples"] == 256
 
 
 def test_roofline_places_the_reference_model_without_data(tmp_path):
     out = tmp_path / "roof"
-    assert (
-        main(
-            [
-                "roofline",
-                "--quick",
-                "--dtypes",
-                "fp32",
-                "--no-workload",
-                "--preset",
-                "reference",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert quick_fp32_roofline(out, "--preset", "reference") == 0
     assert json.loads((out / "roofline.json").read_text())["preset"] == "reference"
 
 

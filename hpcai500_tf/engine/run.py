@@ -20,6 +20,7 @@ from hpcai500_tf.engine.loop import Diverged, Engine, Progress, fingerprint
 from hpcai500_tf.engine.mllog import MLLogger
 from hpcai500_tf.engine.optimizers import peak_learning_rate
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.measure.flops import count_function
 from hpcai500_tf.workloads import build_workload
 
 CONFIG_FILE = "config.json"
@@ -39,8 +40,6 @@ def measure_flops(engine: Engine, batch) -> dict:
     train = engine.count_flops(batch)
     forward = tf.function(lambda x: engine.model(x, training=False))
     if engine.replicas == 1:
-        from hpcai500_tf.measure.flops import count_function
-
         forward_count = count_function(forward, images, batch=engine.global_batch)
         forward_per_example = forward_count.per_example
     else:
