@@ -115,6 +115,8 @@ def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
 
     setup = config.prepare(args.benchmark, args.preset, args.set)  # validates before TF loads
+    if args.power_hz < 0:
+        raise UserError(f"--power-hz must be >= 0, got {args.power_hz}")
     _import_tensorflow()
     from hpcai500_tf import scoring
     from hpcai500_tf.engine import run
@@ -124,7 +126,9 @@ def _train(args: argparse.Namespace) -> int:
     console.print(f"[bold]{setup.benchmark.title}[/bold], preset '{args.preset}'")
     view = LiveView()
     try:
-        record, path = run.train(setup, args.data, args.out, args.resume, view)
+        record, path = run.train(
+            setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log
+        )
     finally:
         view.close()
     console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}")
@@ -136,6 +140,36 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     benchmark = config.load_benchmark(record["benchmark"])
     console.print(score_table(str(path), record, scoring.score(record, benchmark)))
+    return 0
+
+
+def _power(args: argparse.Namespace) -> int:
+    if args.seconds <= 0 or args.hz <= 0:
+        raise UserError(f"--seconds and --hz must be > 0, got {args.seconds} and {args.hz}")
+    from hpcai500_tf.energy import sampler, sources
+
+    found, notes = sources.discover()
+    measurements = sampler.live_reading(found, args.seconds, args.hz) if found else []
+    meter, meter_warnings = (
+        sampler.meter_log_summary(args.meter_log) if args.meter_log else (None, [])
+    )
+    if args.json:
+        report = {"sources": measurements, "missing": notes, "meter_log": meter}
+        print(json.dumps({**report, "meter_log_warnings": meter_warnings}, indent=2))
+        return 0
+    from hpcai500_tf.report.console import console, power_table
+
+    if measurements or meter:
+        console.print(power_table(measurements, meter))
+    for warning in meter_warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
+    for note in notes:
+        console.print(f"[yellow]not available[/yellow]: {note}")
+    if not found and not meter:
+        console.print(
+            "[yellow]No power source here: a run on this machine records energy as not "
+            "measured. A node meter log can be given with train --meter-log.[/yellow]"
+        )
     return 0
 
 
@@ -243,6 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(train)
     train.add_argument("--out", default="runs", help="where run directories go (default runs/)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
+    train.add_argument(
+        "--power-hz",
+        type=float,
+        default=10.0,
+        help="power sampling rate during the run (default 10; 0 switches sampling off)",
+    )
+    train.add_argument(
+        "--meter-log",
+        metavar="FILE",
+        help="a node power meter's log (timestamp,watts lines), read when the run ends",
+    )
     train.set_defaults(handler=_train)
 
     flops = commands.add_parser("flops", help="FLOPs per example of a benchmark's train step")
@@ -263,6 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--no-workload", action="store_true", help="ceilings only")
     roofline.add_argument("--out", default="runs/roofline", help="output directory")
     roofline.set_defaults(handler=_roofline)
+
+    power = commands.add_parser(
+        "power", help="list the power sources here and take a short live reading"
+    )
+    power.add_argument("--seconds", type=float, default=2.0, help="reading length (default 2)")
+    power.add_argument("--hz", type=float, default=10.0, help="sampling rate (default 10)")
+    power.add_argument("--meter-log", metavar="FILE", help="check a node meter log's format")
+    power.add_argument("--json", action="store_true")
+    power.set_defaults(handler=_power)
 
     sysinfo = commands.add_parser("sysinfo", help="show the observable layers of this machine")
     sysinfo.add_argument("--json", action="store_true", help="print JSON instead of a table")

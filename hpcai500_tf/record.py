@@ -79,6 +79,12 @@ _SCHEMA: dict[str, Any] = {
         "joules": "num?",
         "interval_s": "num?",
         "scope": "str?",
+        "average_watts": "num?",
+        "coverage": "num?",
+        "sample_hz": "num?",
+        "parts_measured": ["str"],
+        "parts_not_measured": ["str"],
+        "quality_flags": ["str"],
         "sources": ["dict"],
     },
     "warnings": ["str"],
@@ -181,9 +187,11 @@ def _check_values(record: dict, path: Path) -> None:
         )
     energy = record["energy"]
     if energy["measured"]:
-        for key in ("joules", "interval_s"):
+        for key in ("joules", "interval_s", "average_watts", "coverage"):
             if energy[key] is None or energy[key] <= 0:
                 raise bad(f"energy.{key}", "> 0 when energy.measured is true", energy[key])
+        if energy["coverage"] > 1 + 1e-9:
+            raise bad("energy.coverage", "a fraction of the run in (0, 1]", energy["coverage"])
         if not energy["scope"]:
             raise bad("energy.scope", "set when energy.measured is true", energy["scope"])
     elif not energy["reason"]:

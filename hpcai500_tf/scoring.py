@@ -1,7 +1,8 @@
 """Scores derived from a record: FLOPS, Valid FLOPS, Valid FLOPS per watt; ranking of submissions.
 
 FLOPS = total FLOPs / time-to-quality. Valid FLOPS = FLOPS x (achieved / target)^n, as
-published (no cap unless asked). Valid FLOPS per watt = Valid FLOPS / average measured power.
+published (no cap unless asked). Valid FLOPS per watt = Valid FLOPS / average measured power
+over the measured scope (see `energy`); absent, with the reason, when nothing was measured.
 """
 
 from __future__ import annotations
@@ -68,9 +69,14 @@ def score(record: dict, benchmark: Benchmark, cap: bool = False) -> Score:
     valid = flops * factor
     energy = record["energy"]
     if energy["measured"]:
-        watts = energy["joules"] / energy["interval_s"]
+        watts = energy["average_watts"]
         per_watt = valid / watts
-        note = f"measured: {energy['scope']}"
+        note = (
+            f"measured: {energy['scope']}; readings cover {energy['coverage']:.1%} of the run "
+            f"at {energy['sample_hz']:.3g} samples/s"
+        )
+        if energy["quality_flags"]:
+            note += " (" + "; ".join(energy["quality_flags"]) + ")"
     else:
         watts = per_watt = None
         note = f"not measured: {energy['reason']}"

@@ -43,7 +43,14 @@ def test_quality_above_target_raises_the_score_unless_capped():
 def test_per_watt_only_when_measured(published_record, ic):
     assert scoring.score(published_record, ic).valid_flops_per_watt is None
     published_record["energy"].update(
-        measured=True, joules=132 * 400e3, interval_s=132.0, scope="whole nodes", reason=None
+        measured=True,
+        joules=132 * 400e3,
+        interval_s=132.0,
+        average_watts=400e3,
+        coverage=1.0,
+        sample_hz=1.0,
+        scope="whole node (meter log)",
+        reason=None,
     )
     score = scoring.score(published_record, ic)
     assert score.average_watts == pytest.approx(400e3)

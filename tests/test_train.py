@@ -45,6 +45,21 @@ def test_tiny_run_writes_a_complete_record(tiny_run):
     assert (run_dir / "checkpoints").is_dir() and (run_dir / "state.json").is_file()
 
 
+def test_energy_is_measured_only_where_there_is_a_sensor(tiny_run):
+    from hpcai500_tf.energy.sources import discover
+
+    _, rec = tiny_run
+    sources, notes = discover()
+    energy = rec["energy"]
+    assert energy["measured"] is bool(sources)
+    if not sources:  # this CI machine: no NVML, no RAPL
+        assert energy["joules"] is None and energy["reason"] == "; ".join(notes)
+        assert (
+            "not measured"
+            in scoring.score(rec, config.load_benchmark("image_classification")).energy_note
+        )
+
+
 def test_time_to_quality_is_the_first_evaluation_at_target(tiny_run):
     _, rec = tiny_run
     quality = rec["quality"]

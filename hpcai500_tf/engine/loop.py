@@ -56,6 +56,7 @@ class Progress:
     curve: list[dict] = field(default_factory=list)
     init_start: float = 0.0
     run_start: float | None = None
+    energy: list[list[dict]] = field(default_factory=list)  # per closed segment, per source
 
     def elapsed(self, now: float | None = None, open_segment: float | None = None) -> float:
         closed = sum(s["stop"] - s["start"] for s in self.segments)
@@ -245,8 +246,13 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self, progress: Progress, run_dir: Path | None, log_every: int = 10) -> Progress:
-        """Train from `progress.epochs_done` to the budget; returns the final progress."""
+    def run(
+        self, progress: Progress, run_dir: Path | None, log_every: int = 10, power=None
+    ) -> Progress:
+        """Train from `progress.epochs_done` to the budget; returns the final progress.
+
+        `power`, a running `PowerSampler`, puts the energy so far into each checkpoint; the
+        caller stops it and adds the last segment's energy after this returns."""
         t = self.training
         batches = self.train_batches(seed_offset=progress.epochs_done)
         segment_start = time.time()
@@ -260,6 +266,9 @@ class Engine:
                     self._evaluate(epoch, progress, segment_start)
                 if run_dir and t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0:
                     stop = time.time()
+                    energy = (
+                        power.measure([(segment_start, stop)], sample_now=True) if power else []
+                    )
                     snapshot = Progress(
                         **{
                             **asdict(progress),
@@ -267,6 +276,7 @@ class Engine:
                                 *progress.segments,
                                 {"start": segment_start, "stop": stop},
                             ],
+                            "energy": [*progress.energy, energy],
                         }
                     )
                     self.save(run_dir, snapshot)

@@ -15,6 +15,9 @@ import tensorflow as tf
 from hpcai500_tf import __version__, layers
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
+from hpcai500_tf.energy import sampler as power
+from hpcai500_tf.energy.meter_log import read_meter_log
+from hpcai500_tf.energy.sources import discover
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Diverged, Engine, Progress, fingerprint
 from hpcai500_tf.engine.mllog import MLLogger
@@ -26,6 +29,7 @@ from hpcai500_tf.workloads import build_workload
 CONFIG_FILE = "config.json"
 RECORD_FILE = "record.json"
 MLPERF_LOG = "mlperf.log"
+POWER_SAMPLES = "power-samples.csv"
 
 
 def build_engine(setup: Setup, data_dir: str | None, mllog=None, view=None) -> Engine:
@@ -148,6 +152,7 @@ def make_record(
     status: str,
     warnings: list[str],
     artifacts: dict,
+    energy: dict,
 ) -> dict:
     layer_values = _layers(setup, engine)
     reasons = _not_rankable(setup, engine, layer_values["L9"])
@@ -198,14 +203,7 @@ def make_record(
             **flops,
             "total": None if examples is None else flops["per_example_training"] * examples,
         },
-        "energy": {
-            "measured": False,
-            "joules": None,
-            "interval_s": None,
-            "scope": None,
-            "sources": [],
-            "reason": "no power source was sampled in this run",
-        },
+        "energy": energy,
         "warnings": warnings,
         "artifacts": artifacts,
     }
@@ -250,10 +248,50 @@ def new_run_dir(out_dir: str | Path, setup: Setup) -> Path:
     return run_dir
 
 
+def start_power_sampling(hz: float, view=None) -> tuple[power.PowerSampler | None, list[str]]:
+    """Every power source here, sampled at `hz` (0: off); notes say what is missing and why."""
+    if hz == 0:
+        return None, ["power sampling was switched off (--power-hz 0)"]
+    sources, notes = discover()
+    if view:
+        names = ", ".join(s.name for s in sources) or "none"
+        view.message(f"power sources: {names}" + (f" at {hz:g} Hz" if sources else ""))
+    return power.PowerSampler(sources, hz).start(), notes
+
+
+def energy_result(
+    progress: Progress, notes: list[str], hz: float, meter_log: str | None
+) -> tuple[dict, list[str]]:
+    """The record's energy block over all timed segments, with a node meter log if given."""
+    measurements = power.combine_segments(progress.energy)
+    warnings = []
+    intervals = [(s["start"], s["stop"]) for s in progress.segments]
+    if meter_log:
+        try:
+            readings, warnings = read_meter_log(meter_log)
+            measurements.append(power.meter_measurement(readings, intervals, meter_log))
+        except UserError as error:
+            warnings.append(f"meter log not used: {error}")
+    interval_s = sum(stop - start for start, stop in intervals)
+    block, more = power.energy_block(measurements, notes, interval_s, hz or None)
+    if meter_log:
+        block["meter_log"] = str(meter_log)
+    return block, warnings + more
+
+
 def train(
-    setup: Setup, data_dir: str | None, out_dir: str | Path, resume: str | None = None, view=None
+    setup: Setup,
+    data_dir: str | None,
+    out_dir: str | Path,
+    resume: str | None = None,
+    view=None,
+    power_hz: float = 10.0,
+    meter_log: str | None = None,
 ) -> tuple[dict, Path]:
-    """Run the benchmark; returns (record, record path). Diverged runs raise after saving."""
+    """Run the benchmark; returns (record, record path). Diverged runs raise after saving.
+
+    Power is sampled at `power_hz` during the timed run; `meter_log` names a node meter's log
+    (see `energy.meter_log`), read when the run ends."""
     init_start = time.time()
     run_dir = Path(resume) if resume else None
     if run_dir is not None and not (run_dir / CONFIG_FILE).is_file():
@@ -282,22 +320,38 @@ def train(
     if not resume:
         mllog.end("init_stop")
     warnings, status = [], "completed"
+    if meter_log and not Path(meter_log).exists():
+        warnings.append(f"{meter_log}: the meter log did not exist when the run started")
+        if view:
+            view.message(f"{meter_log} does not exist yet; it is read when the run ends")
+    sampler, notes = start_power_sampling(power_hz, view)
     try:
-        engine.run(progress, run_dir)
+        engine.run(progress, run_dir, power=sampler)
     except Diverged as error:
         status = "diverged"
         warnings.append(str(error))
     except KeyboardInterrupt:
         status = "stopped"
         warnings.append("interrupted by the user; resume with --resume " + str(run_dir))
+    finally:
+        if sampler:
+            sampler.stop()
+            last = progress.segments[-1] if progress.segments else None
+            if last:
+                progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
+            if sampler.sources:
+                sampler.write_samples(run_dir / POWER_SAMPLES)
+    energy, energy_warnings = energy_result(progress, notes, power_hz, meter_log)
+    warnings += energy_warnings
     mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
     mllog.close()
     artifacts = {
         "run_dir": str(run_dir),
         "mlperf_log": str(run_dir / MLPERF_LOG),
         "checkpoints": str(run_dir / "checkpoints"),
+        "power_samples": str(run_dir / POWER_SAMPLES) if sampler and sampler.sources else None,
     }
-    record = make_record(setup, engine, progress, flops, status, warnings, artifacts)
+    record = make_record(setup, engine, progress, flops, status, warnings, artifacts, energy)
     path = run_dir / RECORD_FILE
     record_io.save(path, record, overwrite=bool(resume))
     return record, path

@@ -81,8 +81,12 @@ def score_table(path: str, record: dict, score: Score) -> Table:
     table.add_row("Quality factor", penalty)
     table.add_row("Valid FLOPS", f"[bold green]{si(score.valid_flops, 'FLOPS')}[/bold green]")
     if score.valid_flops_per_watt is not None:
-        table.add_row("Average power", si(score.average_watts, "W"))
-        table.add_row("Valid FLOPS per watt", si(score.valid_flops_per_watt, "FLOPS/W"))
+        scope = record["energy"]["scope"]
+        table.add_row("Average power", f"{si(score.average_watts, 'W')} ({scope})")
+        table.add_row(
+            "Valid FLOPS per watt",
+            f"[bold green]{si(score.valid_flops_per_watt, 'FLOPS/W')}[/bold green] ({scope})",
+        )
     table.add_row("Energy", score.energy_note)
     if not record["rankable"]:
         table.add_row(
@@ -211,4 +215,24 @@ def workload_table(result: dict) -> Table:
         else:
             bound, share = "-", "-"
         table.add_row(name, count, f"{intensity:.1f}", si(achieved, "FLOPS"), bound, share)
+    return table
+
+
+def power_table(measurements: list[dict], meter: dict | None) -> Table:
+    table = Table(title="Power sources on this machine")
+    for column in ("Source", "Measures", "Method", "Average power", "Readings", "Coverage"):
+        table.add_column(column, overflow="fold")
+    rows = [*measurements, *([meter] if meter else [])]
+    for item in rows:
+        readings = f"{item['samples']} ({item['sample_hz']:.3g}/s)"
+        if item["failed_reads"]:
+            readings += f", [red]{item['failed_reads']} failed: {item['first_error']}[/red]"
+        table.add_row(
+            item["name"],
+            item["part"],
+            item["method"],
+            si(item["average_watts"], "W"),
+            readings,
+            f"{item['coverage']:.1%}",
+        )
     return table

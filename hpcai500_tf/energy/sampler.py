@@ -1,0 +1,259 @@
+"""Sampling power sources in the background during the timed run, and the record's energy block.
+
+The sampler reads every source at a fixed rate on its own thread (a read costs microseconds
+and releases nothing the training loop waits on). A read that fails is counted and leaves a
+gap; the run is never stopped by a sensor. After the run, each source's readings become
+energy over the run's timed segments (see `integrate`), and the sources in scope add up to the
+run's energy: a node meter when there is one (it already includes everything else), otherwise
+the GPU boards, CPU packages and DRAM that were measured.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from hpcai500_tf.energy.integrate import energy_over
+from hpcai500_tf.energy.meter_log import read_meter_log
+from hpcai500_tf.energy.sources import Source
+
+MLPERF_POWER_MIN_HZ = 1.0
+MLPERF_POWER_MIN_COVERAGE = 0.95
+NODE = "whole node"
+REST_OF_NODE = "the rest of the node (fans, power supplies, network, storage)"
+
+
+class PowerSampler:
+    def __init__(self, sources: list[Source], hz: float = 10.0, worker: int = 0, clock=time.time):
+        if hz <= 0:
+            raise ValueError(f"sampling rate must be > 0, got {hz}")
+        self.sources = sources
+        self.hz = hz
+        self.worker = worker
+        self.clock = clock
+        self.readings: dict[str, list[tuple[float, float]]] = {s.name: [] for s in sources}
+        self.failed: dict[str, int] = {s.name: 0 for s in sources}
+        self.first_error: dict[str, str] = {}
+        self._lock = threading.Lock()  # readings stay in time order across threads
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample_once(self) -> None:
+        with self._lock:
+            self._sample()
+
+    def _sample(self) -> None:
+        for source in self.sources:
+            stamp = self.clock()
+            try:
+                value = float(source.read())
+            except Exception as error:  # any sensor fault: a gap, never a lost run
+                self.failed[source.name] += 1
+                self.first_error.setdefault(
+                    source.name, f"{error.__class__.__name__}: {error}".strip(": ")
+                )
+                continue
+            self.readings[source.name].append((stamp, value))
+
+    def _loop(self) -> None:
+        period = 1.0 / self.hz
+        next_tick = time.monotonic() + period
+        while not self._stop.wait(max(0.0, next_tick - time.monotonic())):
+            self.sample_once()
+            next_tick += period
+
+    def start(self) -> PowerSampler:
+        self.sample_once()
+        if self.sources:
+            self._thread = threading.Thread(target=self._loop, name="power-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self.sample_once()  # a last reading after the run's stop brackets the interval
+
+    def measure(self, intervals: list[tuple[float, float]], sample_now: bool = False) -> list[dict]:
+        """Per-source energy over `intervals`, as plain data (kept across resumes).
+        `sample_now` first takes a reading, so an interval ending now is covered to its end."""
+        if sample_now:
+            self.sample_once()
+        results = []
+        for source in self.sources:
+            readings = list(self.readings[source.name])
+            measured = energy_over(readings, source.kind, intervals, source.wrap_j)
+            results.append(
+                {
+                    **_identity(source, self.worker),
+                    "joules": measured.joules,
+                    "covered_s": measured.covered_s,
+                    "samples": measured.samples,
+                    "sample_hz": measured.sample_hz,
+                    "failed_reads": self.failed[source.name],
+                    "first_error": self.first_error.get(source.name),
+                    "counter_faults": measured.counter_faults,
+                }
+            )
+        return results
+
+    def write_samples(self, path: Path) -> None:
+        """Append every reading to a CSV beside the record (source, unix seconds, value)."""
+        new = not path.exists()
+        with path.open("a") as handle:
+            if new:
+                handle.write("worker,source,unix_s,value,unit\n")
+            for source in self.sources:
+                unit = "J" if source.kind == "counter" else "W"
+                for stamp, value in self.readings[source.name]:
+                    handle.write(f"{self.worker},{source.name},{stamp:.4f},{value:.6f},{unit}\n")
+
+
+def _identity(source: Source, worker: int) -> dict:
+    return {
+        "name": source.name,
+        "part": source.part,
+        "kind": source.kind,
+        "method": source.method,
+        "worker": worker,
+        "host": socket.gethostname(),
+    }
+
+
+def meter_measurement(
+    readings: list[tuple[float, float]], intervals: list[tuple[float, float]], path: str
+) -> dict:
+    """A node meter log's energy over the run, in the same form as a sampled source's."""
+    source = Source("meter", NODE, "power", f"node meter log {path}")
+    measured = energy_over(readings, "power", intervals)
+    return {
+        **_identity(source, 0),
+        "joules": measured.joules,
+        "covered_s": measured.covered_s,
+        "samples": measured.samples,
+        "sample_hz": measured.sample_hz,
+        "failed_reads": 0,
+        "first_error": None,
+        "counter_faults": 0,
+    }
+
+
+def combine_segments(segments: list[list[dict]]) -> list[dict]:
+    """Add up per-source measurements of several timed segments (a resumed run)."""
+    combined: dict[tuple, dict] = {}
+    for segment in segments:
+        for item in segment:
+            key = (item["worker"], item["name"])
+            if key not in combined:
+                combined[key] = dict(item)
+                continue
+            total = combined[key]
+            covered = total["covered_s"] + item["covered_s"]
+            if covered > 0:  # the reading rate, weighted by the time each segment covered
+                total["sample_hz"] = (
+                    total["sample_hz"] * total["covered_s"] + item["sample_hz"] * item["covered_s"]
+                ) / covered
+            for field in ("joules", "covered_s", "samples", "failed_reads", "counter_faults"):
+                total[field] += item[field]
+            total["first_error"] = total["first_error"] or item["first_error"]
+    return list(combined.values())
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def energy_block(
+    measurements: list[dict], notes: list[str], interval_s: float, requested_hz: float | None
+) -> tuple[dict, list[str]]:
+    """The record's `energy` object from per-source measurements over the whole timed run, and
+    the warnings it raises. `notes` say which kinds of source were missing and why."""
+    warnings = []
+    for item in measurements:
+        item["coverage"] = item["covered_s"] / interval_s if interval_s > 0 else 0.0
+        item["average_watts"] = item["joules"] / item["covered_s"] if item["covered_s"] else None
+        if item["failed_reads"]:
+            warnings.append(
+                f"power source {item['name']}: {item['failed_reads']} failed read(s), first: "
+                f"{item['first_error']}"
+            )
+        if item["counter_faults"]:
+            warnings.append(
+                f"power source {item['name']}: its counter fell {item['counter_faults']} "
+                "time(s) with no known range; those spans were left out"
+            )
+    usable = [m for m in measurements if m["covered_s"] > 0]
+    for item in measurements:
+        if item not in usable:
+            warnings.append(f"power source {item['name']}: no reading covers the timed run")
+    node = [m for m in usable if m["part"] == NODE]
+    in_scope = node or usable
+    base = {
+        "interval_s": interval_s,
+        "requested_hz": requested_hz,
+        "sources": measurements,
+        "notes": notes,
+    }
+    if not in_scope:
+        reason = "; ".join(notes) or "no power source gave a reading during the timed run"
+        block = {**base, "measured": False, "reason": reason, "joules": None, "scope": None}
+        block |= {"average_watts": None, "coverage": None, "sample_hz": None}
+        block |= {"parts_measured": [], "parts_not_measured": [], "quality_flags": []}
+        return block, warnings
+    counts: dict[str, int] = {}
+    for item in in_scope:
+        counts[item["part"]] = counts.get(item["part"], 0) + 1
+    parts = [_plural(n, part) for part, n in counts.items()]
+    if node:
+        scope = f"{NODE} (meter log)"
+        not_measured = []
+    else:
+        scope = ", ".join(parts) + " only"
+        not_measured = [*notes, REST_OF_NODE]
+    coverage = min(m["coverage"] for m in in_scope)
+    rate = min(m["sample_hz"] for m in in_scope)
+    flags = []
+    if rate < MLPERF_POWER_MIN_HZ:
+        flags.append(f"below MLPerf-power quality: {rate:.2f} samples/s (< 1 per second)")
+    if coverage < MLPERF_POWER_MIN_COVERAGE:
+        flags.append(f"below MLPerf-power quality: readings cover {coverage:.1%} of the run")
+    warnings += flags
+    block = {
+        **base,
+        "measured": True,
+        "reason": None,
+        "joules": sum(m["joules"] for m in in_scope),
+        "scope": scope,
+        "average_watts": sum(m["average_watts"] for m in in_scope),
+        "coverage": coverage,
+        "sample_hz": rate,
+        "parts_measured": parts,
+        "parts_not_measured": not_measured,
+        "quality_flags": flags,
+    }
+    return block, warnings
+
+
+def live_reading(sources: list[Source], seconds: float, hz: float) -> list[dict]:
+    """Sample `sources` for `seconds` and measure that interval: the `power` command's check."""
+    sampler = PowerSampler(sources, hz).start()
+    start = sampler.clock()
+    time.sleep(seconds)
+    stop = sampler.clock()
+    sampler.stop()
+    measurements = sampler.measure([(start, stop)])
+    energy_block(measurements, [], stop - start, hz)  # fills coverage, rate, average power
+    return measurements
+
+
+def meter_log_summary(path: str) -> tuple[dict, list[str]]:
+    """What a meter log holds, measured over its own span: for checking the file before a run."""
+    readings, warnings = read_meter_log(path)
+    first, last = readings[0][0], readings[-1][0]
+    measurement = meter_measurement(readings, [(first, last)], path)
+    energy_block([measurement], [], last - first, None)
+    return {**measurement, "first": first, "last": last, "readings": len(readings)}, warnings

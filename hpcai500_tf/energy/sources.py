@@ -1,0 +1,141 @@
+"""Power sources this machine offers: NVIDIA GPUs through NVML, CPU packages and DRAM through
+Linux RAPL (powercap). Each source reads one value: a cumulative energy counter in joules
+("counter") or instantaneous power in watts ("power").
+
+`discover()` lists what is there and, for what is not, why: that reason ends up in the record.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+POWERCAP_ROOT = Path("/sys/class/powercap")
+_PACKAGE_ZONE = re.compile(r"intel-rapl:(\d+)$")
+_SUB_ZONE = re.compile(r"intel-rapl:(\d+):(\d+)$")
+
+
+@dataclass
+class Source:
+    """One sensor. `read()` returns joules (kind "counter") or watts (kind "power")."""
+
+    name: str  # unique within a worker, e.g. "gpu0", "rapl:package-0"
+    part: str  # what it measures: "GPU board", "CPU package", "DRAM", "whole node"
+    kind: str  # "counter" | "power"
+    method: str  # how, in words, for the record
+    wrap_j: float | None = None  # counter range, where it wraps
+    read_value: object = field(default=None, repr=False)  # () -> float
+
+    def read(self) -> float:
+        return self.read_value()
+
+
+# ----------------------------------------------------------------------------- NVML
+
+
+def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
+    """One source per GPU: the total-energy counter where the GPU has one, else power samples.
+
+    `nvml` is the pynvml module or a stand-in with the same functions (tests)."""
+    if nvml is None:
+        try:
+            import pynvml as nvml  # from nvidia-ml-py
+        except ImportError:
+            return [], "nvidia-ml-py is not installed"
+    try:
+        nvml.nvmlInit()
+        count = nvml.nvmlDeviceGetCount()
+    except nvml.NVMLError as error:
+        return [], f"NVML unavailable ({error})"
+    if count == 0:
+        return [], "NVML reports no GPU"
+    sources = []
+    for index in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        model = nvml.nvmlDeviceGetName(handle)
+        try:
+            nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+            sources.append(
+                Source(
+                    f"gpu{index}",
+                    "GPU board",
+                    "counter",
+                    f"NVML total energy counter, {model}",
+                    read_value=lambda h=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,
+                )
+            )
+        except nvml.NVMLError:
+            sources.append(
+                Source(
+                    f"gpu{index}",
+                    "GPU board",
+                    "power",
+                    f"NVML power usage samples (no energy counter on this GPU), {model}",
+                    read_value=lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
+                )
+            )
+    return sources, None
+
+
+# ----------------------------------------------------------------------------- RAPL
+
+
+def _read_number(path: Path) -> float:
+    return float(path.read_text().strip())
+
+
+def rapl_sources(root: Path = POWERCAP_ROOT) -> tuple[list[Source], str | None]:
+    """CPU packages (top-level zones) and their DRAM sub-zones. Core, uncore and psys zones are
+    left out: the first two lie inside a package's count, psys overlaps everything."""
+    if not root.is_dir():
+        return [], f"{root} is absent (no RAPL: not a Linux x86 host, or no powercap driver)"
+    sources, denied = [], []
+    for zone in sorted(root.iterdir()):
+        package = _PACKAGE_ZONE.match(zone.name)
+        sub = _SUB_ZONE.match(zone.name)
+        if not (package or sub):
+            continue
+        try:
+            name = (zone / "name").read_text().strip()
+        except OSError:
+            continue
+        if sub and name != "dram" or package and not name.startswith("package"):
+            continue
+        energy_file = zone / "energy_uj"
+        try:
+            _read_number(energy_file)
+            wrap = _read_number(zone / "max_energy_range_uj") / 1e6
+        except PermissionError:
+            denied.append(zone.name)
+            continue
+        except (OSError, ValueError):
+            continue
+        label = f"{name}-{sub.group(1)}" if sub else name
+        sources.append(
+            Source(
+                f"rapl:{label}",
+                "DRAM" if sub else "CPU package",
+                "counter",
+                f"RAPL energy counter {zone.name} ({name}), wraps at {wrap:.0f} J",
+                wrap_j=wrap,
+                read_value=lambda f=energy_file: _read_number(f) / 1e6,
+            )
+        )
+    if sources:
+        return sources, None
+    if denied:
+        return [], (
+            f"RAPL energy files under {root} need root ({', '.join(denied)}): run as root "
+            "or make energy_uj readable"
+        )
+    return [], f"no RAPL package zone under {root}"
+
+
+def discover(nvml=None, powercap_root: Path = POWERCAP_ROOT) -> tuple[list[Source], list[str]]:
+    """All sources here, and a note for each kind that is missing."""
+    gpus, gpu_note = nvml_sources(nvml)
+    cpus, cpu_note = rapl_sources(powercap_root)
+    notes = [f"GPU boards: {gpu_note}"] if gpu_note else []
+    notes += [f"CPU packages: {cpu_note}"] if cpu_note else []
+    return gpus + cpus, notes

@@ -1,0 +1,489 @@
+"""Energy: the arithmetic, simulated sensors (fake NVML, fake powercap tree, meter logs), the
+record's energy block, and a training run measured end to end."""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf import config, record, scoring
+from hpcai500_tf.cli import main
+from hpcai500_tf.energy import sampler as power
+from hpcai500_tf.energy.integrate import energy_over
+from hpcai500_tf.energy.meter_log import read_meter_log
+from hpcai500_tf.energy.sources import discover, nvml_sources, rapl_sources
+from hpcai500_tf.errors import UserError
+
+# ------------------------------------------------------------------------ arithmetic
+
+
+def test_constant_power_over_a_cut_interval():
+    readings = [(float(t), 100.0) for t in range(11)]
+    measured = energy_over(readings, "power", [(2.5, 7.5)])
+    assert measured.joules == pytest.approx(500.0)
+    assert measured.coverage == pytest.approx(1.0)
+    assert measured.samples == 5  # t = 3..7
+    assert measured.sample_hz == pytest.approx(1.0)
+    assert measured.average_watts == pytest.approx(100.0)
+
+
+def test_power_ramp_is_integrated_piecewise_linearly():
+    readings = [(0.0, 0.0), (10.0, 100.0)]
+    assert energy_over(readings, "power", [(0.0, 10.0)]).joules == pytest.approx(500.0)
+    assert energy_over(readings, "power", [(5.0, 10.0)]).joules == pytest.approx(375.0)
+
+
+def test_counter_wraps_once_per_fall_when_its_range_is_known():
+    readings = [(0.0, 900.0), (1.0, 950.0), (2.0, 20.0), (3.0, 70.0)]
+    wrapped = energy_over(readings, "counter", [(0.0, 3.0)], wrap=1000.0)
+    assert wrapped.joules == pytest.approx(50 + 70 + 50)
+    assert wrapped.counter_faults == 0
+    unknown = energy_over(readings, "counter", [(0.0, 3.0)])
+    assert unknown.joules == pytest.approx(100.0) and unknown.covered_s == pytest.approx(2.0)
+    assert unknown.counter_faults == 1
+
+
+def test_counter_pair_cut_by_the_interval_is_taken_pro_rata():
+    readings = [(0.0, 0.0), (2.0, 200.0)]
+    assert energy_over(readings, "counter", [(0.5, 1.5)]).joules == pytest.approx(100.0)
+
+
+def test_a_long_gap_is_neither_energy_nor_covered_time():
+    readings = [(float(t), 100.0) for t in [0, 1, 2, 3, 4, 20, 21, 22, 23, 24]]
+    measured = energy_over(readings, "power", [(0.0, 24.0)])
+    assert measured.joules == pytest.approx(800.0)
+    assert measured.covered_s == pytest.approx(8.0)
+    assert measured.coverage == pytest.approx(8 / 24)
+    assert measured.average_watts == pytest.approx(100.0)
+
+
+def test_several_segments_add_up_and_skip_the_time_between():
+    readings = [(float(t), 10.0 * t) for t in range(11)]  # a counter at 10 W
+    measured = energy_over(readings, "counter", [(0.0, 2.0), (5.0, 7.0)])
+    assert measured.joules == pytest.approx(40.0) and measured.interval_s == pytest.approx(4.0)
+
+
+def test_run_outside_the_readings_is_not_covered():
+    readings = [(float(t), 50.0) for t in range(5, 11)]
+    measured = energy_over(readings, "power", [(0.0, 10.0)])
+    assert measured.coverage == pytest.approx(0.5) and measured.joules == pytest.approx(250.0)
+
+
+# ------------------------------------------------------------------------ meter logs
+
+
+def _log(tmp_path, text, name="meter.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_meter_log_header_unit_and_timestamp_forms(tmp_path):
+    path = _log(
+        tmp_path,
+        "# exported from the PDU\ntimestamp,kW\n1000,1.5\n1000.5 ; 1.0\n2026-11-29T00:00:01Z,2\n",
+    )
+    readings, warnings = read_meter_log(path)
+    assert warnings == []
+    assert readings[0] == (1000.0, 1500.0) and readings[1] == (1000.5, 1000.0)
+    assert readings[2][1] == 2000.0
+
+
+def test_meter_log_repairs_are_warned(tmp_path):
+    path = _log(
+        tmp_path,
+        "1000,300\nnot a line\n1002,320\n1001,310\n1001,999\n1003,-5\n"
+        "2026-11-29T00:00:01,300\n1004,300\n",
+    )
+    readings, warnings = read_meter_log(path)
+    assert [t for t, _ in readings] == [1000, 1001, 1002, 1004]
+    assert dict(readings)[1001] == 310  # the first of the repeated timestamp
+    text = " | ".join(warnings)
+    assert "3 unreadable line(s) skipped (line 2, 6, 7)" in text
+    assert "out of time order (sorted)" in text
+    assert "1 repeated timestamp(s)" in text
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("time,furlongs\n1,2\n2,3\n", "unknown power unit 'furlongs'"),
+        ("1000,300\n", "fewer than two usable readings"),
+        ("", "fewer than two usable readings"),
+        (b"\x89HDF\r\n\x1a\n\xff\xfe\x00", "cannot read the meter log"),
+    ],
+)
+def test_unusable_meter_logs_are_refused(tmp_path, content, message):
+    path = tmp_path / "meter.csv"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError, match=message):
+        read_meter_log(path)
+
+
+# ------------------------------------------------------------------------ simulated sensors
+
+
+def _zone(root: Path, zone: str, name: str, energy_uj: int, max_uj: int = 262143328850):
+    directory = root / zone
+    directory.mkdir(parents=True)
+    (directory / "name").write_text(name + "\n")
+    (directory / "energy_uj").write_text(f"{energy_uj}\n")
+    (directory / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return directory
+
+
+@pytest.fixture
+def powercap(tmp_path):
+    root = tmp_path / "powercap"
+    _zone(root, "intel-rapl:0", "package-0", 0, max_uj=1_000_000_000)  # wraps at 1000 J
+    _zone(root, "intel-rapl:0:0", "core", 0)
+    _zone(root, "intel-rapl:0:1", "dram", 0)
+    _zone(root, "intel-rapl:1", "psys", 0)
+    _zone(root, "intel-rapl-mmio:0", "package-0", 0)
+    return root
+
+
+def _set(root: Path, zone: str, joules: float) -> None:
+    (root / zone / "energy_uj").write_text(f"{int(joules * 1e6)}\n")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_rapl_finds_packages_and_dram_only(powercap):
+    sources, note = rapl_sources(powercap)
+    assert note is None
+    assert [(s.name, s.part, s.kind) for s in sources] == [
+        ("rapl:package-0", "CPU package", "counter"),
+        ("rapl:dram-0", "DRAM", "counter"),
+    ]
+    assert sources[0].wrap_j == pytest.approx(1000.0)
+
+
+def test_rapl_absent_or_root_only_says_why(tmp_path, powercap, monkeypatch):
+    assert rapl_sources(tmp_path / "nothing")[1].endswith(
+        "absent (no RAPL: not a Linux x86 host, or no powercap driver)"
+    )
+    from hpcai500_tf.energy import sources as sources_module
+
+    def denied(path):
+        raise PermissionError(path)
+
+    monkeypatch.setattr(sources_module, "_read_number", denied)
+    sources, note = rapl_sources(powercap)
+    assert sources == [] and "need root (intel-rapl:0, intel-rapl:0:1)" in note
+
+
+def test_sampler_unwraps_a_rapl_counter(powercap):
+    sources, _ = rapl_sources(powercap)
+    clock = FakeClock()
+    sampler = power.PowerSampler(sources[:1], hz=10, clock=clock)
+    package = 0.0
+    for _ in range(41):  # 4 s at 10 Hz and 300 W: 1200 J, one wrap at 1000 J
+        _set(powercap, "intel-rapl:0", package % 1000)
+        sampler.sample_once()
+        clock.now += 0.1
+        package += 30.0
+    (measured,) = sampler.measure([(1000.0, 1004.0)])
+    assert measured["joules"] == pytest.approx(1200.0)
+    assert measured["covered_s"] == pytest.approx(4.0)
+
+
+def test_a_vanishing_rapl_file_leaves_a_gap_and_a_warning(powercap):
+    sources, _ = rapl_sources(powercap)
+    clock = FakeClock()
+    sampler = power.PowerSampler(sources[:1], hz=10, clock=clock)
+    for step in range(100):  # 10 s at 10 W; the zone disappears after 5 s
+        if step == 50:
+            (powercap / "intel-rapl:0" / "energy_uj").unlink()
+        if step < 50:
+            _set(powercap, "intel-rapl:0", step * 1.0)
+        sampler.sample_once()
+        clock.now += 0.1
+    block, warnings = power.energy_block(sampler.measure([(1000.0, 1010.0)]), [], 10.0, 10.0)
+    assert block["measured"] and block["average_watts"] == pytest.approx(10.0)
+    assert block["coverage"] == pytest.approx(0.49)
+    assert any("50 failed read(s), first: FileNotFoundError" in w for w in warnings)
+    assert any("cover 49.0% of the run" in f for f in block["quality_flags"])
+
+
+class FakeNVML:
+    """The part of pynvml the sources use, with a GPU that has an energy counter (in mJ),
+    one that has only power readings (in mW), and a fault switch."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, clock, fail_after=None):
+        self.clock = clock
+        self.fail_after = fail_after
+        self.calls = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return ["Fake H100", "Fake T4"][handle]
+
+    def _check(self):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise self.NVMLError("GPU is lost")
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        if handle == 1:
+            raise self.NVMLError("Not Supported")
+        self._check()
+        return int(400_000 * (self.clock() - 1000.0))  # 400 W
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        self._check()
+        return 70_000  # 70 W
+
+
+def test_fake_nvml_counter_and_power_gpus():
+    clock = FakeClock()
+    sources, note = nvml_sources(FakeNVML(clock))
+    assert note is None
+    assert [(s.name, s.kind) for s in sources] == [("gpu0", "counter"), ("gpu1", "power")]
+    sampler = power.PowerSampler(sources, hz=10, clock=clock)
+    for _ in range(21):
+        sampler.sample_once()
+        clock.now += 0.1
+    block, warnings = power.energy_block(sampler.measure([(1000.0, 1002.0)]), [], 2.0, 10.0)
+    assert warnings == [] and block["quality_flags"] == []
+    assert block["average_watts"] == pytest.approx(470.0)
+    assert block["joules"] == pytest.approx(940.0)
+    assert block["scope"] == "2 GPU boards only"
+
+
+def test_nvml_errors_mid_run_never_stop_sampling():
+    clock = FakeClock()
+    nvml = FakeNVML(clock)
+    sources, _ = nvml_sources(nvml)
+    nvml.fail_after = nvml.calls + 2 * 10  # both GPUs fail after 1 s of 10 Hz
+    sampler = power.PowerSampler(sources, hz=10, clock=clock)
+    for _ in range(21):
+        sampler.sample_once()
+        clock.now += 0.1
+    block, warnings = power.energy_block(sampler.measure([(1000.0, 1002.0)]), [], 2.0, 10.0)
+    assert block["measured"] and block["coverage"] == pytest.approx(0.45)
+    assert len([w for w in warnings if "GPU is lost" in w]) == 2
+
+
+def test_nvml_missing_is_a_note_not_an_error():
+    class Broken(FakeNVML):
+        def nvmlInit(self):
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    assert nvml_sources(Broken(FakeClock())) == (
+        [],
+        "NVML unavailable (NVML Shared Library Not Found)",
+    )
+
+
+# ------------------------------------------------------------------------ the energy block
+
+
+def _measurement(name, part, joules, covered, samples):
+    return {
+        "name": name,
+        "part": part,
+        "kind": "power",
+        "method": "test",
+        "worker": 0,
+        "host": "h",
+        "joules": joules,
+        "covered_s": covered,
+        "samples": samples,
+        "sample_hz": samples / covered,
+        "failed_reads": 0,
+        "first_error": None,
+        "counter_faults": 0,
+    }
+
+
+def test_a_node_meter_is_the_scope_when_present():
+    items = [
+        _measurement("gpu0", "GPU board", 4000.0, 10.0, 100),
+        _measurement("meter", power.NODE, 9000.0, 10.0, 10),
+    ]
+    block, _ = power.energy_block(items, [], 10.0, 10.0)
+    assert block["scope"] == "whole node (meter log)" and block["joules"] == 9000.0
+    assert block["average_watts"] == pytest.approx(900.0)
+    assert block["parts_not_measured"] == []
+
+
+def test_without_a_meter_the_sampled_parts_add_up_and_the_rest_is_named():
+    items = [
+        _measurement("rapl:package-0", "CPU package", 1000.0, 10.0, 100),
+        _measurement("rapl:dram-0", "DRAM", 100.0, 10.0, 100),
+    ]
+    notes = ["GPU boards: NVML unavailable"]
+    block, _ = power.energy_block(items, notes, 10.0, 10.0)
+    assert block["scope"] == "1 CPU package, 1 DRAM only"
+    assert block["average_watts"] == pytest.approx(110.0)
+    assert block["parts_not_measured"] == [*notes, power.REST_OF_NODE]
+
+
+def test_slow_or_partial_sampling_is_flagged():
+    items = [_measurement("meter", power.NODE, 900.0, 9.0, 5)]
+    block, warnings = power.energy_block(items, [], 10.0, None)
+    assert block["coverage"] == pytest.approx(0.9) and block["sample_hz"] == pytest.approx(5 / 9)
+    assert len(block["quality_flags"]) == 2 and block["quality_flags"][0] in warnings
+
+
+def test_nothing_measured_is_not_a_zero():
+    block, _ = power.energy_block([], ["GPU boards: none", "CPU packages: none"], 10.0, 10.0)
+    assert block["measured"] is False and block["joules"] is None
+    assert block["reason"] == "GPU boards: none; CPU packages: none"
+
+
+def test_segments_of_a_resumed_run_add_up():
+    first = [_measurement("gpu0", "GPU board", 100.0, 1.0, 10)]
+    second = [_measurement("gpu0", "GPU board", 300.0, 2.0, 20)]
+    (total,) = power.combine_segments([first, second])
+    assert (total["joules"], total["covered_s"], total["samples"]) == (400.0, 3.0, 30)
+
+
+def test_a_measured_record_needs_sane_energy(published_record, tmp_path):
+    energy = published_record["energy"]
+    energy.update(measured=True, reason=None, joules=10.0, interval_s=1.0, scope="x")
+    energy.update(average_watts=10.0, coverage=1.5, sample_hz=10.0)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(published_record))
+    with pytest.raises(UserError, match="'energy.coverage' must be a fraction"):
+        record.load(path)
+
+
+# ------------------------------------------------------------------------ commands
+
+
+def test_power_command_on_a_machine_without_sensors(capsys, monkeypatch):
+    monkeypatch.setattr("hpcai500_tf.energy.sources.POWERCAP_ROOT", Path("/nonexistent"))
+    assert main(["power", "--json", "--seconds", "0.2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sources"] == [] or all(s["samples"] > 0 for s in report["sources"])
+    assert any(note.startswith("CPU packages:") for note in report["missing"])
+
+
+def test_power_command_checks_a_meter_log(tmp_path, capsys):
+    path = _log(tmp_path, "timestamp,W\n" + "".join(f"{t},250\n" for t in range(100, 111)))
+    assert main(["power", "--json", "--seconds", "0.1", "--meter-log", str(path)]) == 0
+    meter = json.loads(capsys.readouterr().out)["meter_log"]
+    assert meter["average_watts"] == pytest.approx(250.0) and meter["readings"] == 11
+    assert main(["power", "--meter-log", str(tmp_path / "none.csv")]) == 2
+    assert capsys.readouterr().err.strip().endswith("none.csv: meter log not found")
+
+
+# ------------------------------------------------------------------------ a measured run
+
+
+class RaplWriter:
+    """Advances a fake package counter at constant power while a run trains."""
+
+    def __init__(self, root: Path, watts: float):
+        self.root, self.watts = root, watts
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        start = time.time()
+        target = self.root / "intel-rapl:0" / "energy_uj"
+        while not self.stop.wait(0.005):
+            joules = (time.time() - start) * self.watts % 1000.0  # wraps at 1000 J
+            temporary = target.with_suffix(".tmp")
+            temporary.write_text(f"{int(joules * 1e6)}\n")
+            os.replace(temporary, target)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch):
+    from hpcai500_tf.engine import run
+
+    monkeypatch.setattr(run, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    now = time.time()
+    meter = _log(tmp_path, "".join(f"{now - 30 + t},{300 + t % 2}\n" for t in range(600)))
+    setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
+    with RaplWriter(powercap, watts=80.0):
+        rec, path = run.train(setup, None, tmp_path / "runs", power_hz=20, meter_log=str(meter))
+    energy = record.load(path)["energy"]
+    assert energy["measured"] and energy["scope"] == "whole node (meter log)"
+    assert energy["average_watts"] == pytest.approx(300.5, abs=0.5)
+    assert energy["coverage"] == pytest.approx(1.0)
+    sampled = {s["name"]: s for s in energy["sources"]}
+    assert sampled["rapl:package-0"]["average_watts"] == pytest.approx(80.0, rel=0.05)
+    assert sampled["rapl:package-0"]["sample_hz"] > 10
+    assert "GPU boards: NVML unavailable (no driver)" in energy["notes"]
+    assert Path(rec["artifacts"]["power_samples"]).read_text().startswith("worker,source")
+    score = scoring.score(rec, config.load_benchmark("image_classification"))
+    assert score.valid_flops_per_watt == pytest.approx(score.valid_flops / energy["average_watts"])
+
+
+class FakeNVMLMissing(FakeNVML):
+    def __init__(self):
+        super().__init__(FakeClock())
+
+    def nvmlInit(self):
+        raise self.NVMLError("no driver")
+
+
+def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, monkeypatch):
+    from hpcai500_tf.engine import run
+
+    from .test_train import StopBeforeEpoch
+
+    monkeypatch.setattr(run, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
+    with RaplWriter(powercap, watts=40.0):
+        stopped, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20)
+        time.sleep(1.0)  # between the processes: not part of the run
+        done, _ = run.train(setup, None, tmp_path, resume=str(path.parent), power_hz=20)
+    first, whole = stopped["energy"], done["energy"]
+    segments = done["timeline"]["segments"]
+    assert whole["interval_s"] == pytest.approx(sum(s["stop"] - s["start"] for s in segments))
+    (package,) = [s for s in whole["sources"] if s["name"] == "rapl:package-0"]
+    (package_first,) = [s for s in first["sources"] if s["name"] == "rapl:package-0"]
+    assert package["joules"] > package_first["joules"]
+    assert package["average_watts"] == pytest.approx(40.0, rel=0.05)
+    assert whole["coverage"] == pytest.approx(1.0, abs=0.01)
+    assert len(done["layers"]) == 9  # the record is whole
+
+
+@pytest.mark.parametrize(
+    "content, warning",
+    [
+        ("10,300\n11,300\n12,300\n", "no reading covers the timed run"),
+        ("time,horsepower\n1000,1\n1001,1\n", "meter log not used: "),
+    ],
+)
+def test_a_meter_log_that_cannot_serve_is_a_warning_not_a_lost_run(tmp_path, content, warning):
+    from hpcai500_tf.engine import run
+    from hpcai500_tf.engine.loop import Progress
+
+    progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
+    meter = _log(tmp_path, content)
+    block, warnings = run.energy_result(progress, ["GPU boards: none"], 10.0, str(meter))
+    assert block["measured"] is False and block["reason"] == "GPU boards: none"
+    assert any(warning in w for w in warnings)
