@@ -111,35 +111,97 @@ def _rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    """The train arguments each launched worker gets (the launcher adds TF_CONFIG and the
+    run directory)."""
+    forwarded = [args.benchmark, "--preset", args.preset]
+    for override in args.set:  # the workers choose multi_worker themselves (TF_CONFIG is set)
+        forwarded += ["--set", override]
+    if args.data:
+        forwarded += ["--data", args.data]
+    forwarded += ["--power-hz", str(args.power_hz)]
+    if args.meter_log:
+        forwarded += ["--meter-log", args.meter_log]
+    return forwarded
+
+
 def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
 
-    setup = config.prepare(args.benchmark, args.preset, args.set)  # validates before TF loads
     if args.power_hz < 0:
         raise UserError(f"--power-hz must be >= 0, got {args.power_hz}")
+    if args.workers is not None:
+        from hpcai500_tf import launch
+
+        overrides = [*args.set, "training.strategy=multi_worker"]
+        setup = config.prepare(args.benchmark, args.preset, overrides)
+        return launch.launch(setup, _worker_args(args), args.workers, args.out, args.resume)
+    from hpcai500_tf.engine.cluster import cluster_in_environment
+
+    overrides = list(args.set)
+    found = cluster_in_environment()
+    if found:  # one task of a cluster (srun, a user's TF_CONFIG, or the --workers launcher)
+        overrides.append("training.strategy=multi_worker")
+    setup = config.prepare(args.benchmark, args.preset, overrides)  # validates before TF loads
     _import_tensorflow()
     from hpcai500_tf import scoring
     from hpcai500_tf.engine import run
     from hpcai500_tf.report.console import console, score_table
     from hpcai500_tf.report.live import LiveView
 
+    multi_worker = setup.training.strategy == "multi_worker"
     console.print(f"[bold]{setup.benchmark.title}[/bold], preset '{args.preset}'")
     view = LiveView()
     try:
         record, path = run.train(
-            setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log
+            setup,
+            args.data,
+            args.out,
+            args.resume,
+            view,
+            args.power_hz,
+            args.meter_log,
+            args.run_dir,
         )
     finally:
         view.close()
+    if record is None:
+        return 0  # a worker other than the chief: the chief reports the run
     console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}")
     if record["status"] != "completed":
         console.print(f"[red]run {record['status']}[/red]: " + "; ".join(record["warnings"]))
+        if multi_worker:  # TensorFlow's shutdown would wait for the lost peer
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         return 1
     if not record["quality"]["measured"]:
         console.print("throughput-only run (random data): quality not measured, no score")
         return 0
     benchmark = config.load_benchmark(record["benchmark"])
     console.print(score_table(str(path), record, scoring.score(record, benchmark)))
+    return 0
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpcai500_tf import scaling
+
+    series = scaling.analyse(_load_records(args.records))
+    out = Path(args.out)
+    taken = [p for p in (out / "scaling.png", out / "scaling.svg") if p.exists()]
+    if taken:
+        raise UserError(f"{taken[0]}: already exists; choose another --out")
+    images = scaling.chart(series, out)
+    if args.json:
+        print(json.dumps(scaling.to_json(series), indent=2))
+        return 0
+    from hpcai500_tf.report.console import console, scaling_table
+
+    for one in series:
+        console.print(scaling_table(one))
+    console.print(f"chart: {', '.join(map(str, images))}")
     return 0
 
 
@@ -288,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a node power meter's log (timestamp,watts lines), read when the run ends",
     )
+    train.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="start N worker processes on this machine (MultiWorkerMirroredStrategy)",
+    )
+    train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)
 
     flops = commands.add_parser("flops", help="FLOPs per example of a benchmark's train step")
@@ -308,6 +377,14 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--no-workload", action="store_true", help="ceilings only")
     roofline.add_argument("--out", default="runs/roofline", help="output directory")
     roofline.set_defaults(handler=_roofline)
+
+    scaling = commands.add_parser(
+        "scaling", help="throughput and time-to-quality against worker count, with efficiency"
+    )
+    scaling.add_argument("records", nargs="+", metavar="RECORD")
+    scaling.add_argument("--out", default="runs/scaling", help="where the chart goes")
+    scaling.add_argument("--json", action="store_true")
+    scaling.set_defaults(handler=_scaling)
 
     power = commands.add_parser(
         "power", help="list the power sources here and take a short live reading"

@@ -301,6 +301,22 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
+class CommunicationConfig:
+    """How workers talk (L3) and how long a worker waits for its peers before giving up."""
+
+    collective: str  # auto | ring | nccl (tf.distribute CommunicationImplementation)
+    timeout_s: float  # a collective waiting longer for a peer fails the run (0: no limit)
+    join_timeout_s: float  # every worker must join the cluster within this (0: no limit)
+
+    def check(self) -> str | None:
+        if self.collective not in ("auto", "ring", "nccl"):
+            return f"collective must be auto, ring or nccl, got '{self.collective}'"
+        if self.timeout_s < 0 or self.join_timeout_s < 0:
+            return "timeout_s and join_timeout_s must be >= 0 (0: no limit)"
+        return None
+
+
+@dataclass(frozen=True)
 class Setup:
     """A benchmark run's resolved and validated configuration."""
 
@@ -309,13 +325,15 @@ class Setup:
     config: dict
     training: TrainingConfig
     optimizer: OptimizerConfig
+    communication: CommunicationConfig
 
 
 def setup_from(benchmark: Benchmark, preset: str, config: dict) -> Setup:
     """Validate a resolved config (a preset's, or one carried by a record)."""
     training = section(TrainingConfig, config.get("training"), "training")
     optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
-    return Setup(benchmark, preset, config, training, optimizer)
+    communication = section(CommunicationConfig, config.get("communication"), "communication")
+    return Setup(benchmark, preset, config, training, optimizer, communication)
 
 
 def prepare(benchmark_name: str, preset: str, overrides: list[str] = ()) -> Setup:

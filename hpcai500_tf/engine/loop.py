@@ -200,9 +200,19 @@ class Engine:
             variable.assign(value)
 
     def count_flops(self, batch) -> FlopCount:
-        """FLOPs of this engine's own train step, traced at the batch it trains on."""
+        """FLOPs of this engine's own train step, traced at the batch it trains on. A worker's
+        traced step holds its own replicas only, so the count is per this worker's batch."""
         images, labels = batch
-        return count_function(self.train_step, images, labels, batch=self.global_batch)
+        return count_function(self.train_step, images, labels, batch=self.local_batch)
+
+    @property
+    def local_batch(self) -> int:
+        """Examples per step on this worker (the global batch over all workers)."""
+        try:
+            local_replicas = len(self.strategy.extended.worker_devices)
+        except RuntimeError:  # the default strategy: one replica
+            local_replicas = 1
+        return self.training.batch_per_replica * local_replicas
 
     def evaluate(self) -> float:
         correct = count = 0.0

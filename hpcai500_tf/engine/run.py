@@ -6,8 +6,10 @@ other TensorFlow op runs, then data and model.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 import tensorflow as tf
@@ -18,6 +20,7 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import discover
+from hpcai500_tf.engine import cluster
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Diverged, Engine, Progress, fingerprint
 from hpcai500_tf.engine.mllog import MLLogger
@@ -33,7 +36,7 @@ POWER_SAMPLES = "power-samples.csv"
 
 
 def build_engine(setup: Setup, data_dir: str | None, mllog=None, view=None) -> Engine:
-    strategy = strategies.make_strategy(setup.training.strategy)
+    strategy = strategies.make_strategy(setup.training.strategy, setup.communication)
     workload = build_workload(setup.benchmark.name, setup.config, data_dir)
     return Engine(workload, setup.training, setup.optimizer, strategy, mllog, view)
 
@@ -54,7 +57,13 @@ def measure_flops(engine: Engine, batch) -> dict:
         "analytical_per_example_forward": engine.workload.analytical_forward_flops(engine.model),
         "method": (
             f"TensorFlow registered op statistics over the traced train step "
-            f"(forward, backward, weight update) at global batch {engine.global_batch}; "
+            f"(forward, backward, weight update) at global batch {engine.global_batch}"
+            + (
+                f" ({engine.local_batch} per worker, as traced)"
+                if engine.local_batch != engine.global_batch
+                else ""
+            )
+            + "; "
             "multiply-add = 2"
         ),
         "counted_op_types": sorted(train.by_op_type),
@@ -68,6 +77,9 @@ def measure_flops(engine: Engine, batch) -> dict:
 def _layers(setup: Setup, engine: Engine) -> dict:
     name = setup.training.strategy
     l3, workers, _ = strategies.describe(engine.strategy, name)
+    if name == "multi_worker":
+        c = setup.communication
+        l3 |= {"timeout_s": c.timeout_s, "join_timeout_s": c.join_timeout_s}
     observed = layers.system_layers(workers, l3["collective_implementation"])
     observed["L3"] = l3
     t, o = setup.training, setup.optimizer
@@ -79,6 +91,10 @@ def _layers(setup: Setup, engine: Engine) -> dict:
         "replicas": engine.replicas,
         "batch_per_replica": t.batch_per_replica,
         "global_batch": engine.global_batch,
+        # None: TensorFlow's default (as many as cores)
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()
+        or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0))
+        or None,
     }
     observed["L7"] = {**engine.workload.workload_layer(), "precision": engine.policy, "xla": t.xla}
     observed["L8"] = {
@@ -239,15 +255,6 @@ def _log_setup(mllog: MLLogger, setup: Setup, engine: Engine) -> None:
         mllog.event("lars_eta", o.lars_eta)
 
 
-def new_run_dir(out_dir: str | Path, setup: Setup) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(out_dir) / f"{setup.benchmark.name}-{setup.preset}-{stamp}"
-    if run_dir.exists():
-        raise UserError(f"{run_dir}: already exists; refusing to overwrite it")
-    run_dir.mkdir(parents=True)
-    return run_dir
-
-
 def start_power_sampling(hz: float, view=None) -> tuple[power.PowerSampler | None, list[str]]:
     """Every power source here, sampled at `hz` (0: off); notes say what is missing and why."""
     if hz == 0:
@@ -260,7 +267,7 @@ def start_power_sampling(hz: float, view=None) -> tuple[power.PowerSampler | Non
 
 
 def energy_result(
-    progress: Progress, notes: list[str], hz: float, meter_log: str | None
+    progress: Progress, notes: list[str], hz: float, meter_log: str | None, workers: int = 1
 ) -> tuple[dict, list[str]]:
     """The record's energy block over all timed segments, with a node meter log if given."""
     measurements = power.combine_segments(progress.energy)
@@ -273,6 +280,9 @@ def energy_result(
         except UserError as error:
             warnings.append(f"meter log not used: {error}")
     interval_s = sum(stop - start for start, stop in intervals)
+    if workers > 1:
+        others = "worker 1" if workers == 2 else f"workers 1-{workers - 1}"
+        notes = [*notes, f"{others}: not sampled (only worker 0's node is)"]
     block, more = power.energy_block(measurements, notes, interval_s, hz or None)
     if meter_log:
         block["meter_log"] = str(meter_log)
@@ -287,22 +297,39 @@ def train(
     view=None,
     power_hz: float = 10.0,
     meter_log: str | None = None,
-) -> tuple[dict, Path]:
-    """Run the benchmark; returns (record, record path). Diverged runs raise after saving.
+    run_dir: str | Path | None = None,
+) -> tuple[dict | None, Path | None]:
+    """Run the benchmark; returns (record, record path), or (None, None) on a worker other than
+    the chief (worker 0 writes the one record of a multi-worker run).
 
     Power is sampled at `power_hz` during the timed run; `meter_log` names a node meter's log
-    (see `energy.meter_log`), read when the run ends."""
+    (see `energy.meter_log`), read when the run ends. `run_dir` is an empty directory made for
+    this run by the multi-worker launcher (otherwise one is made under `out_dir`)."""
     init_start = time.time()
-    run_dir = Path(resume) if resume else None
-    if run_dir is not None and not (run_dir / CONFIG_FILE).is_file():
-        raise UserError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    if resume:
+        run_dir = Path(resume)
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise UserError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
     config_id = fingerprint(setup.config)
     engine = build_engine(setup, data_dir, None, view)  # strategy first, then TF work
+    _, workers, rank = strategies.describe(engine.strategy, setup.training.strategy)
+    if workers > 1:
+        check_multi_worker(engine, workers, config_id)
+    chief = rank == 0
+    if not chief:
+        view = engine.view = None
     engine.check_data()
-    if run_dir is None:
-        run_dir = new_run_dir(out_dir, setup)
-        record_io.write_atomic(run_dir / CONFIG_FILE, setup.config)
-    mllog = MLLogger(run_dir / MLPERF_LOG)
+    if chief:
+        if run_dir is None:
+            run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
+        run_dir = save_dir = Path(run_dir)
+        if not resume:
+            record_io.write_atomic(run_dir / CONFIG_FILE, setup.config)
+    else:
+        # Every worker writes checkpoints (the variables are read collectively); only the
+        # chief's are kept. The others write to a scratch directory, removed at the end.
+        save_dir = Path(tempfile.mkdtemp(prefix=f"hpcai500-worker{rank}-"))
+    mllog = MLLogger(run_dir / MLPERF_LOG if chief else None)
     engine.mllog = mllog
     if resume:
         progress = engine.restore(run_dir, config_id)
@@ -320,19 +347,28 @@ def train(
     if not resume:
         mllog.end("init_stop")
     warnings, status = [], "completed"
-    if meter_log and not Path(meter_log).exists():
+    if chief and meter_log and not Path(meter_log).exists():
         warnings.append(f"{meter_log}: the meter log did not exist when the run started")
         if view:
             view.message(f"{meter_log} does not exist yet; it is read when the run ends")
-    sampler, notes = start_power_sampling(power_hz, view)
+    sampler, notes = start_power_sampling(power_hz if chief else 0, view)
     try:
-        engine.run(progress, run_dir, power=sampler)
+        engine.run(progress, save_dir, power=sampler)
     except Diverged as error:
         status = "diverged"
         warnings.append(str(error))
     except KeyboardInterrupt:
         status = "stopped"
         warnings.append("interrupted by the user; resume with --resume " + str(run_dir))
+    except PEER_LOST as error:
+        if workers == 1:
+            raise
+        status = "stopped"
+        first_line = str(error).strip().splitlines()[-1][:300]
+        warnings.append(
+            f"lost contact with a peer worker ({error.__class__.__name__}: {first_line}); "
+            f"resume with --resume {run_dir}"
+        )
     finally:
         if sampler:
             sampler.stop()
@@ -341,7 +377,10 @@ def train(
                 progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
             if sampler.sources:
                 sampler.write_samples(run_dir / POWER_SAMPLES)
-    energy, energy_warnings = energy_result(progress, notes, power_hz, meter_log)
+    if not chief:
+        shutil.rmtree(save_dir, ignore_errors=True)
+        return None, None
+    energy, energy_warnings = energy_result(progress, notes, power_hz, meter_log, workers)
     warnings += energy_warnings
     mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
     mllog.close()
@@ -355,6 +394,36 @@ def train(
     path = run_dir / RECORD_FILE
     record_io.save(path, record, overwrite=bool(resume))
     return record, path
+
+
+# What a collective raises when a peer worker dies or stops answering.
+PEER_LOST = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.CancelledError,
+    tf.errors.AbortedError,
+    tf.errors.InternalError,
+)
+
+
+def check_multi_worker(engine: Engine, workers: int, config_id: str) -> None:
+    """Refuse, on every worker, a run the workers disagree on or cannot shard."""
+    workload, batch = engine.workload, engine.training.batch_per_replica
+    per_worker_replicas = engine.replicas // workers
+    if workload.train_examples // workers < batch * per_worker_replicas:
+        raise UserError(
+            f"{workload.train_examples} training examples cannot be sharded to {workers} "
+            f"workers of {batch * per_worker_replicas} examples per step each"
+        )
+    if workload.eval_examples < workers:
+        raise UserError(
+            f"{workload.eval_examples} evaluation examples cannot be sharded to {workers} workers"
+        )
+    if not cluster.same_on_all_workers(engine.strategy, config_id):
+        raise UserError(
+            f"the workers were started with different configs (this worker's is {config_id}): "
+            "start every worker with the same benchmark, preset and --set values"
+        )
 
 
 def flops_report(setup: Setup, data_dir: str | None) -> dict:

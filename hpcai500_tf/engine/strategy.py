@@ -2,45 +2,68 @@
 
 from __future__ import annotations
 
-import json
-import os
-
 import tensorflow as tf
 
+from hpcai500_tf.config import CommunicationConfig
+from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 
+_IMPLEMENTATIONS = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
 
-def make_strategy(name: str) -> tf.distribute.Strategy:
+
+def make_strategy(
+    name: str, communication: CommunicationConfig | None = None
+) -> tf.distribute.Strategy:
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
     if name == "multi_worker":
-        if "TF_CONFIG" in os.environ:
-            try:
-                json.loads(os.environ["TF_CONFIG"])
-            except json.JSONDecodeError as error:
-                raise UserError(f"TF_CONFIG is not valid JSON ({error.msg})") from None
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        communication = communication or CommunicationConfig("auto", 0.0, 0.0)
+        resolver, found = cluster.cluster_resolver()
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=_IMPLEMENTATIONS[communication.collective],
+            timeout_seconds=communication.timeout_s or None,
+        )
+        seconds = communication.join_timeout_s
+        where = "" if resolver is None else f" ({found}: {resolver.cluster_spec().as_dict()})"
+        message = (
+            f"not every worker joined the cluster within {seconds:g} s{where}; "
+            "check that all were started (communication.join_timeout_s)"
+        )
+        with cluster.JoinWatchdog(seconds if resolver is not None else 0, message):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver, communication_options=options
+            )
+        strategy.hpcai500_cluster_source = found
+        strategy.hpcai500_collective = communication.collective
+        return strategy
     raise UserError(f"unknown strategy '{name}'")
 
 
 def describe(strategy: tf.distribute.Strategy, name: str) -> tuple[dict, int, int]:
     """(L3 communication facts, number of workers, this worker's index)."""
-    workers, index, collective = 1, 0, None
+    workers, index, collective, source = 1, 0, None, None
     resolver = getattr(strategy, "cluster_resolver", None)
     if name == "multi_worker" and resolver is not None:
         spec = resolver.cluster_spec().as_dict()
         workers = max(1, len(spec.get("worker", [])) + len(spec.get("chief", [])))
-        index = resolver.task_id or 0
-        collective = "tf.distribute collective ops (CommunicationImplementation.AUTO)"
+        index = (resolver.task_id or 0) + (
+            len(spec.get("chief", [])) if resolver.task_type == "worker" else 0
+        )
+        implementation = getattr(strategy, "hpcai500_collective", "auto").upper()
+        collective = f"tf.distribute collective ops (CommunicationImplementation.{implementation})"
+        source = getattr(strategy, "hpcai500_cluster_source", None)
     elif name == "mirrored":
         collective = type(getattr(strategy.extended, "_cross_device_ops", None)).__name__
-    return (
-        {
-            "collective_implementation": collective,
-            "note": None if collective else "single device: no collectives",
-        },
-        workers,
-        index,
-    )
+    facts = {
+        "collective_implementation": collective,
+        "note": None if collective else "single device: no collectives",
+    }
+    if source:
+        facts["cluster_from"] = source
+    return facts, workers, index

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpcai500_tf.record import LAYER_KEYS
+from hpcai500_tf.scaling import Series
 from hpcai500_tf.scoring import Ranking, Score
 
 console = Console()
@@ -234,5 +235,35 @@ def power_table(measurements: list[dict], meter: dict | None) -> Table:
             si(item["average_watts"], "W"),
             readings,
             f"{item['coverage']:.1%}",
+        )
+    return table
+
+
+def scaling_table(series: Series) -> Table:
+    table = Table(title=f"{series.kind.capitalize()} scaling: {series.label}")
+    for column in (
+        "Workers",
+        "Runs",
+        "Batch",
+        "Per worker",
+        "Examples/s",
+        "Speedup",
+        "Efficiency",
+        "TTQ",
+        "TTQ eff.",
+    ):
+        table.add_column(column)
+    for row in series.rows:
+        p = row.point
+        table.add_row(
+            str(p.workers),
+            str(len(p.paths)),
+            str(p.global_batch),
+            str(p.batch_per_worker),
+            f"{p.throughput:,.0f}",
+            f"{row.speedup:.2f}x",
+            f"{row.efficiency:.1%}",
+            duration(p.time_to_quality_s) if p.time_to_quality_s else "-",
+            "-" if row.ttq_efficiency is None else f"{row.ttq_efficiency:.1%}",
         )
     return table

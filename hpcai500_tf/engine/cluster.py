@@ -1,0 +1,191 @@
+"""Where a multi-worker run's cluster comes from, and how a worker avoids hanging forever.
+
+The cluster is taken from `TF_CONFIG` when it is set (by the user, or by `hpcai500-tf train
+--workers N`), else from Slurm when the process runs under `srun`. Both are checked before
+TensorFlow sees them, so a malformed cluster is one clear line.
+
+A worker waiting for a peer that never arrives blocks inside TensorFlow with the interpreter
+lock held and SIGTERM ignored: no Python thread or signal handler can end it. `JoinWatchdog`
+therefore runs a tiny separate process that SIGKILLs the worker, after saying why, unless
+the worker joins the cluster in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from hpcai500_tf.errors import UserError
+
+SLURM_PORT_BASE = 8888
+
+
+def parse_tf_config(text: str) -> dict:
+    """The decoded TF_CONFIG of a worker task, checked: cluster, task type and index, ports."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(f"TF_CONFIG is not valid JSON ({error.msg})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise UserError('TF_CONFIG needs a "cluster" object, e.g. {"worker": ["host:port", ...]}')
+    task = config.get("task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise UserError('TF_CONFIG needs a "task" object with "type" and "index"')
+    cluster = config["cluster"]
+    for job, addresses in cluster.items():
+        if job not in ("chief", "worker"):
+            raise UserError(f"TF_CONFIG: job '{job}' is not supported (chief and worker only)")
+        if not isinstance(addresses, list) or not addresses:
+            raise UserError(f"TF_CONFIG: cluster.{job} must be a non-empty list of host:port")
+        for address in addresses:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise UserError(f"TF_CONFIG: '{address}' in cluster.{job} is not host:port")
+    kind, index = task["type"], task["index"]
+    if kind not in cluster:
+        raise UserError(f"TF_CONFIG: task type '{kind}' is not a job of the cluster")
+    if not isinstance(index, int) or not 0 <= index < len(cluster[kind]):
+        raise UserError(
+            f"TF_CONFIG: task index {index!r} is out of range for {len(cluster[kind])} "
+            f"{kind} address(es)"
+        )
+    return config
+
+
+def own_address(config: dict) -> str:
+    task = config["task"]
+    return config["cluster"][task["type"]][task["index"]]
+
+
+def check_port_free(address: str) -> None:
+    """Refuse a worker whose own port is taken (on this host) before TensorFlow binds it."""
+    host, _, port = address.rpartition(":")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("", int(port)))
+    except OSError:
+        raise UserError(f"port {port} of this worker ({address}) is already in use") from None
+    finally:
+        probe.close()
+
+
+def worker_count(config: dict) -> int:
+    return sum(len(addresses) for addresses in config["cluster"].values())
+
+
+def task_rank(config: dict) -> int:
+    """0 for the chief (or worker 0 when there is no chief); the record is written there."""
+    task = config["task"]
+    if task["type"] == "chief":
+        return 0
+    return task["index"] + len(config["cluster"].get("chief", []))
+
+
+def under_slurm() -> bool:
+    """Whether this process is one of several tasks of a Slurm step (`srun`)."""
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or "1"
+    return "SLURM_PROCID" in os.environ and tasks.isdigit() and int(tasks) > 1
+
+
+def cluster_in_environment() -> str | None:
+    """Where a multi-worker cluster is described for this process, if anywhere."""
+    if os.environ.get("TF_CONFIG"):
+        return "TF_CONFIG"
+    return "Slurm" if under_slurm() else None
+
+
+def cluster_resolver():
+    """(resolver or None, how the cluster was found). TF_CONFIG first, then Slurm."""
+    import tensorflow as tf
+
+    text = os.environ.get("TF_CONFIG")
+    if text:
+        config = parse_tf_config(text)
+        check_port_free(own_address(config))
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver(), "TF_CONFIG"
+    if under_slurm():
+        from hpcai500_tf.layers import nvidia_gpus
+
+        port_base = int(os.environ.get("HPCAI500_SLURM_PORT_BASE", SLURM_PORT_BASE))
+        gpus = len(nvidia_gpus()[0])
+        try:
+            if gpus:
+                resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                    port_base=port_base, gpus_per_node=gpus
+                )
+                resolver.cluster_spec()
+            else:
+                # TensorFlow's Slurm resolver lays tasks out along the GPUs of each node; on CPU
+                # nodes give it one placeholder per task, keep the cluster it resolves and
+                # tell the strategy there is no accelerator.
+                slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                    port_base=port_base, gpus_per_node=1024, gpus_per_task=1, auto_set_gpu=False
+                )
+                spec = slurm.cluster_spec()
+                resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                    spec, task_type=slurm.task_type, task_id=slurm.task_id, rpc_layer="grpc"
+                )
+        except (RuntimeError, ValueError, KeyError, OSError, subprocess.SubprocessError) as err:
+            raise UserError(f"cannot read the Slurm cluster ({err})") from None
+        return resolver, "Slurm"
+    return None, "a single worker (no TF_CONFIG, not under srun)"
+
+
+class JoinWatchdog:
+    """Kill this process with a message unless the `with` block ends within `seconds`."""
+
+    _CODE = (
+        "import os, signal, sys, time\n"
+        "pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]\n"
+        "deadline = time.time() + seconds\n"
+        "while time.time() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "    if os.getppid() != pid: sys.exit(0)\n"
+        "sys.stderr.write('hpcai500-tf: error: ' + message + '\\n'); sys.stderr.flush()\n"
+        "os.kill(pid, signal.SIGKILL)\n"
+    )
+
+    def __init__(self, seconds: float, message: str):
+        self.seconds, self.message = seconds, message
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> JoinWatchdog:
+        if self.seconds > 0:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    self._CODE,
+                    str(os.getpid()),
+                    str(self.seconds),
+                    self.message,
+                ]
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+def same_on_all_workers(strategy, fingerprint: str) -> bool:
+    """Whether every worker holds this fingerprint (a hex string): gathered collectively."""
+    import tensorflow as tf
+
+    value = int(fingerprint[:15], 16)  # 60 bits, as three float32-exact 20-bit pieces
+    local = tf.constant([[(value >> (20 * i)) & 0xFFFFF for i in range(3)]], tf.float32)
+
+    @tf.function
+    def gather():
+        def replica():
+            return tf.distribute.get_replica_context().all_gather(local, axis=0)
+
+        return strategy.experimental_local_results(strategy.run(replica))[0]
+
+    everyone = gather().numpy()
+    return bool((everyone == local.numpy()).all())

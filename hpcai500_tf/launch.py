@@ -1,0 +1,162 @@
+"""`hpcai500-tf train ... --workers N`: N worker processes on this machine, one run, one record.
+
+Each worker gets a `TF_CONFIG` naming every worker on loopback, with ports chosen free at
+launch. Worker 0 (the chief) prints to this console and writes the record; every worker's
+messages (TensorFlow's included) go to `RUN_DIR/workers/worker-I.log`. When a worker fails,
+the others get the communication timeout to end on their own (the chief then records the run
+as stopped), then SIGTERM, then SIGKILL (a worker waiting for a lost peer ignores SIGTERM):
+no process outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hpcai500_tf import record as record_io
+from hpcai500_tf.config import Setup
+from hpcai500_tf.errors import UserError
+
+TERM_GRACE_S = 5.0
+THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
+DEFAULT_FAILURE_GRACE_S = 30.0
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on loopback now (held open together, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probe.bind(("127.0.0.1", 0))
+            sockets.append(probe)
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
+
+
+def tf_configs(ports: list[int]) -> list[str]:
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    return [
+        json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        for index in range(len(ports))
+    ]
+
+
+def _failure_line(path: Path) -> str:
+    """What a failed worker said last: its one-line error, else the last line naming an error
+    (a traceback's end), else nothing."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    ours = [line for line in lines if line.startswith("hpcai500-tf: error: ")]
+    if ours:
+        return ours[-1].removeprefix("hpcai500-tf: error: ")[:300]
+    errors = [line for line in lines if "Error" in line and line[:1] not in "IWE"]
+    return errors[-1][:300] if errors else ""
+
+
+def _end(processes: list[subprocess.Popen], grace_s: float) -> None:
+    """Wait up to `grace_s` for every process to end, then SIGTERM, then SIGKILL."""
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 10.0)):
+        alive = [p for p in processes if p.poll() is None]
+        if not alive:
+            return
+        for process in alive:
+            process.send_signal(sig)
+        deadline = time.monotonic() + wait_s
+        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def launch(
+    setup: Setup,
+    worker_args: list[str],
+    workers: int,
+    out_dir: str | Path,
+    resume: str | None = None,
+    on_start: Callable[[list[subprocess.Popen]], None] | None = None,
+) -> int:
+    """Run `hpcai500-tf train` as `workers` processes; returns the exit code of the run."""
+    if workers < 2:
+        raise UserError(f"--workers must be >= 2 to launch several workers, got {workers}")
+    if "TF_CONFIG" in os.environ:
+        raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
+    if resume:
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise UserError(f"{run_dir}: not a run directory")
+    else:
+        run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
+    logs = run_dir / "workers"
+    logs.mkdir(exist_ok=True)
+    ports = free_ports(workers)
+    command = [sys.executable, "-m", "hpcai500_tf.cli", "train", *worker_args]
+    command += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
+    processes, log_files = [], []
+    # The workers share this machine's cores: each gets its share of threads (unless set).
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    shares = {name: os.environ.get(name, threads) for name in THREAD_VARIABLES}
+    print(
+        f"launching {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
+        f"({shares['TF_NUM_INTRAOP_THREADS']} intra-op threads each); logs in {logs}",
+        flush=True,
+    )
+    try:
+        for index, tf_config in enumerate(tf_configs(ports)):
+            env = {**os.environ, **shares, "TF_CONFIG": tf_config}
+            log = (logs / f"worker-{index}.log").open("a")  # a resumed run adds to it
+            log_files.append(log)
+            # The chief's console output is the run's; everyone's stderr (TensorFlow's
+            # messages included) goes to its log, whose last line is shown on failure.
+            stdout = None if index == 0 else log
+            processes.append(subprocess.Popen(command, env=env, stdout=stdout, stderr=log))
+        if on_start:
+            on_start(processes)
+        return _supervise(processes, logs, setup.communication.timeout_s)
+    except KeyboardInterrupt:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        _end(processes, TERM_GRACE_S)
+        raise
+    finally:
+        _end(processes, 0.0)
+        for log in log_files:
+            if log:
+                log.close()
+
+
+def _supervise(processes: list[subprocess.Popen], logs: Path, timeout_s: float) -> int:
+    while True:
+        codes = [p.poll() for p in processes]
+        if all(code == 0 for code in codes):
+            return 0
+        failed = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        if failed is not None:
+            break
+        time.sleep(0.1)
+    code = codes[failed]
+    why = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    _end(processes, timeout_s or DEFAULT_FAILURE_GRACE_S)
+    detail = _failure_line(logs / f"worker-{failed}.log")
+    print(
+        f"hpcai500-tf: error: worker {failed} {why}"
+        + (f": {detail}" if detail else "")
+        + f" (its log: {logs / f'worker-{failed}.log'}); the run was ended on every worker",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 2 if code == 2 else 1

@@ -1,0 +1,389 @@
+"""Multi-worker runs: the launcher, TF_CONFIG and Slurm clusters, bounded failure, scaling.
+
+Every test that starts workers runs them under a hard time limit; ports are picked free at
+run time."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf import config, launch, record, scaling
+from hpcai500_tf.cli import _worker_args, build_parser, main
+from hpcai500_tf.engine import cluster
+from hpcai500_tf.errors import UserError
+
+CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
+RANDOM_TINY = ["--set", "data.source=random", "--set", "training.epochs=3"]
+
+
+def _hpcai500(args, env=None, timeout=240):
+    return subprocess.run(
+        ["timeout", "-k", "5", str(timeout), *CLI, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _records(out: Path) -> list[dict]:
+    return [record.load(path) for path in sorted(out.glob("*/record.json"))]
+
+
+def _epoch_losses(rec: dict) -> list[float]:
+    return [epoch["loss"] for epoch in rec["timeline"]["epochs"]]
+
+
+def _no_worker_left(processes) -> bool:
+    return all(p.poll() is not None for p in processes)
+
+
+@pytest.fixture(scope="module")
+def two_worker_random(tmp_path_factory):
+    """The tiny preset on random data: 2 workers x 16 against 1 worker x 32 (global 32)."""
+    out = tmp_path_factory.mktemp("runs")
+    single = _hpcai500(
+        [
+            "train",
+            "image_classification",
+            "--preset",
+            "tiny",
+            *RANDOM_TINY,
+            "--out",
+            str(out / "one"),
+        ]
+    )
+    assert single.returncode == 0, single.stderr[-2000:]
+    start = time.monotonic()
+    double = _hpcai500(
+        [
+            "train",
+            "image_classification",
+            "--preset",
+            "tiny",
+            *RANDOM_TINY,
+            "--set",
+            "training.batch_per_replica=16",
+            "--workers",
+            "2",
+            "--out",
+            str(out / "two"),
+        ]
+    )
+    wall = time.monotonic() - start
+    assert double.returncode == 0, double.stderr[-2000:]
+    (one,), (two,) = _records(out / "one"), _records(out / "two")
+    return one, two, out, wall
+
+
+def test_two_workers_follow_the_single_worker_loss_curve(two_worker_random):
+    one, two, _, _ = two_worker_random
+    assert two["layers"]["L6"]["workers"] == 2 and two["layers"]["L6"]["global_batch"] == 32
+    assert one["layers"]["L6"]["global_batch"] == 32
+    # Same global batch, same repeated example: only float reduction order differs. Each
+    # epoch's last loss agrees within 5 %; a gradient scaled by 2 or 1/2 is 15-25 % off.
+    for a, b in zip(_epoch_losses(one), _epoch_losses(two), strict=True):
+        assert abs(a - b) / a < 0.05, (_epoch_losses(one), _epoch_losses(two))
+
+
+def test_a_two_worker_run_writes_one_valid_record(two_worker_random):
+    _, two, out, _ = two_worker_random
+    (run_dir,) = (out / "two").iterdir()
+    assert (run_dir / "record.json").is_file() and (run_dir / "workers" / "worker-1.log").is_file()
+    l3 = two["layers"]["L3"]
+    assert "CommunicationImplementation.AUTO" in l3["collective_implementation"]
+    assert l3["cluster_from"] == "TF_CONFIG" and l3["timeout_s"] == 60.0
+    assert two["layers"]["L6"]["strategy"] == "multi_worker"
+    assert two["layers"]["L1"]["workers"] == 2
+    # FLOPs per example do not depend on how the global batch is split.
+    one, _, _, _ = two_worker_random
+    ratio = two["flops"]["per_example_training"] / one["flops"]["per_example_training"]
+    assert 0.95 < ratio < 1.05
+
+
+def test_scaling_command_reports_strong_scaling(two_worker_random, tmp_path, capsys):
+    one, two, out, _ = two_worker_random
+    paths = [str(p) for p in sorted(out.glob("*/*/record.json"))]
+    assert main(["scaling", *paths, "--out", str(tmp_path / "chart"), "--json"]) == 0
+    (series,) = json.loads(capsys.readouterr().out)
+    assert series["kind"] == "strong" and [r["workers"] for r in series["rows"]] == [1, 2]
+    second = series["rows"][1]
+    assert second["efficiency"] == pytest.approx(second["speedup"] / 2)
+    assert (tmp_path / "chart" / "scaling.png").stat().st_size > 0
+    assert (tmp_path / "chart" / "scaling.svg").is_file()
+    assert main(["scaling", *paths, "--out", str(tmp_path / "chart")]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_scaling_needs_two_worker_counts(two_worker_random, capsys):
+    one, _, out, _ = two_worker_random
+    paths = [str(p) for p in sorted((out / "one").glob("*/record.json"))]
+    assert main(["scaling", *paths]) == 2
+    assert "no scaling series" in capsys.readouterr().err
+
+
+def _weak(path, workers, batch, examples_per_s):
+    return Path(path), {
+        "benchmark": "b",
+        "preset": "p",
+        "layers": {"L6": {"workers": workers, "global_batch": batch}, "L7": {}, "L9": {}},
+        "timeline": {
+            "segments": [{"start": 0.0, "stop": 10.0}],
+            "epochs": [{"examples": int(examples_per_s * 10), "seconds": 10.0}],
+        },
+        "quality": {"time_to_quality_s": None, "reached_target": False},
+    }
+
+
+def test_weak_scaling_arithmetic_and_medians_of_repeats():
+    records = [
+        _weak("a", 1, 64, 100.0),
+        _weak("b", 4, 256, 360.0),
+        _weak("c", 4, 256, 380.0),
+        _weak("d", 4, 256, 300.0),
+    ]
+    (series,) = scaling.analyse([(str(p), r) for p, r in records])
+    assert series.kind == "weak"
+    last = series.rows[-1]
+    assert last.point.throughput == 360.0 and len(last.point.paths) == 3
+    assert last.speedup == pytest.approx(3.6) and last.efficiency == pytest.approx(0.9)
+
+
+# ------------------------------------------------------------------------ failure is bounded
+
+
+def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path, capsys):
+    argv = [
+        "train",
+        "image_classification",
+        "--preset",
+        "tiny",
+        "--set",
+        "data.source=random",
+        "--set",
+        "data.train_examples=4096",
+        "--set",
+        "training.epochs=4",
+        "--set",
+        "communication.timeout_s=20",
+        "--workers",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    args = build_parser().parse_args(argv)
+    overrides = [*args.set, "training.strategy=multi_worker"]
+    setup = config.prepare(args.benchmark, args.preset, overrides)
+    processes, killed_at = [], []
+
+    def kill_worker_1_once_training(started):
+        processes.extend(started)
+
+        def watch():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and started[1].poll() is None:
+                if list(tmp_path.glob("*/state.json")):  # a checkpoint: epoch 1 is done
+                    killed_at.append(time.monotonic())
+                    started[1].send_signal(signal.SIGKILL)
+                    return
+                time.sleep(0.1)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    code = launch.launch(setup, _worker_args(args), 2, args.out, None, kill_worker_1_once_training)
+    ended = time.monotonic()
+    assert code == 1 and killed_at, "worker 1 was never killed"
+    assert ended - killed_at[0] < 20 + launch.TERM_GRACE_S + 5
+    assert _no_worker_left(processes)
+    err = capsys.readouterr().err
+    assert "worker 1 was killed by signal 9" in err
+    (run_dir,) = tmp_path.iterdir()
+    stopped = record.load(run_dir / "record.json") if (run_dir / "record.json").exists() else None
+    assert stopped is None or stopped["status"] == "stopped"  # never a claimed success
+
+    resumed = _hpcai500(
+        [
+            "train",
+            "image_classification",
+            "--preset",
+            "tiny",
+            *argv[4:12],
+            "--workers",
+            "2",
+            "--resume",
+            str(run_dir),
+        ]
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    done = record.load(run_dir / "record.json")
+    assert done["status"] == "completed" and len(done["timeline"]["epochs"]) == 4
+    assert len(done["timeline"]["segments"]) == 2
+
+
+def test_a_worker_whose_peer_never_arrives_gives_up_in_time(tmp_path):
+    ports = launch.free_ports(2)
+    tf_config = launch.tf_configs(ports)[0]
+    start = time.monotonic()
+    result = _hpcai500(
+        [
+            "train",
+            "image_classification",
+            "--preset",
+            "tiny",
+            "--set",
+            "communication.join_timeout_s=4",
+            "--out",
+            str(tmp_path),
+        ],
+        env={"TF_CONFIG": tf_config},
+        timeout=90,
+    )
+    assert result.returncode == -9 or result.returncode == 137
+    assert time.monotonic() - start < 60
+    assert "not every worker joined the cluster within 4 s" in result.stderr
+    assert not list(tmp_path.glob("*/record.json"))
+
+
+# ------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    "tf_config, message",
+    [
+        ("{not json", "TF_CONFIG is not valid JSON"),
+        ('{"task": {"type": "worker", "index": 0}}', 'TF_CONFIG needs a "cluster" object'),
+        ('{"cluster": {"worker": ["h:1"]}}', 'TF_CONFIG needs a "task" object'),
+        (
+            '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 3}}',
+            "task index 3 is out of range for 1 worker",
+        ),
+        (
+            '{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}',
+            "'nohost' in cluster.worker is not host:port",
+        ),
+        (
+            '{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 0}}',
+            "job 'ps' is not supported",
+        ),
+    ],
+)
+def test_malformed_tf_config_is_one_line(tf_config, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        cluster.parse_tf_config(tf_config)
+
+
+def test_a_port_in_use_is_refused(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    other = launch.free_ports(1)[0]
+    tf_config = json.dumps(
+        {
+            "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]},
+            "task": {"type": "worker", "index": 0},
+        }
+    )
+    try:
+        result = _hpcai500(
+            ["train", "image_classification", "--preset", "tiny", "--out", str(tmp_path)],
+            env={"TF_CONFIG": tf_config},
+            timeout=60,
+        )
+    finally:
+        holder.close()
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"hpcai500-tf: error: port {port} of this worker (127.0.0.1:{port}) is already in use"
+    )
+
+
+def test_data_that_cannot_be_sharded_is_refused(tmp_path, capsys):
+    argv = [
+        "train",
+        "image_classification",
+        "--preset",
+        "tiny",
+        "--set",
+        "data.eval_examples=1",
+        "--workers",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "1 evaluation examples cannot be sharded to 2 workers" in err
+    assert err.count("\n") == 1
+
+
+def test_workers_with_different_configs_are_refused(tmp_path):
+    configs = launch.tf_configs(launch.free_ports(2))
+    common = ["train", "image_classification", "--preset", "tiny", "--out", str(tmp_path)]
+    processes = [
+        subprocess.Popen(
+            ["timeout", "-k", "5", "120", *CLI, *common, "--set", f"training.seed={seed}"],
+            env={**os.environ, "TF_CONFIG": tf_config},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed, tf_config in zip((1, 2), configs, strict=True)
+    ]
+    results = [p.communicate(timeout=150) for p in processes]
+    assert [p.returncode for p in processes] == [2, 2]
+    for _, err in results:
+        assert "the workers were started with different configs" in err
+
+
+def test_launcher_refuses_bad_worker_counts_and_a_set_tf_config(monkeypatch, tmp_path, capsys):
+    assert main(["train", "image_classification", "--preset", "tiny", "--workers", "1"]) == 2
+    assert "--workers must be >= 2" in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", "{}")
+    assert (
+        main(
+            [
+                "train",
+                "image_classification",
+                "--preset",
+                "tiny",
+                "--workers",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
+    assert "TF_CONFIG is set" in capsys.readouterr().err
+
+
+def test_slurm_cluster_is_read_from_the_environment(tmp_path, monkeypatch):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    scontrol = fake_bin / "scontrol"
+    scontrol.write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for key, value in {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "node[1-2]",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }.items():
+        monkeypatch.setenv(key, value)
+    assert cluster.cluster_in_environment() == "Slurm"
+    resolver, found = cluster.cluster_resolver()
+    assert found == "Slurm"
+    assert resolver.cluster_spec().as_dict() == {"worker": ["node1:8888", "node2:8888"]}
+    assert resolver.task_id == 1
+    assert not resolver.num_accelerators().get("GPU")  # CPU nodes: no placeholder GPUs leak
