@@ -205,6 +205,40 @@ def _scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from hpcai500_tf import compare
+
+    (path_a, a), (path_b, b) = _load_records([args.a, args.b])
+    comparison = compare.compare(a, b, cap=args.cap)
+    if args.json:
+        print(json.dumps(compare.to_json(comparison, path_a, path_b), indent=2))
+        return 0
+    from hpcai500_tf.report.console import comparison_tables, console
+
+    for table in comparison_tables(comparison, path_a, path_b):
+        console.print(table)
+    return 0
+
+
+def _import_mlperf(args: argparse.Namespace) -> int:
+    from hpcai500_tf import mlperf_import
+    from hpcai500_tf import record as record_io
+
+    sidecar = mlperf_import.read_sidecar(args.sidecar)
+    for key in ("framework", "framework_version", "flops_per_example"):
+        if getattr(args, key) is not None:
+            sidecar[key] = getattr(args, key)
+    rec, warnings = mlperf_import.build_record(args.log, sidecar, args.benchmark)
+    out = args.out or f"{args.log}.record.json"
+    record_io.save(out, rec)
+    from hpcai500_tf.report.console import console
+
+    for warning in warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
+    console.print(f"record: {out}")
+    return 0
+
+
 def _power(args: argparse.Namespace) -> int:
     if args.seconds <= 0 or args.hz <= 0:
         raise UserError(f"--seconds and --hz must be > 0, got {args.seconds} and {args.hz}")
@@ -377,6 +411,27 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--no-workload", action="store_true", help="ceilings only")
     roofline.add_argument("--out", default="runs/roofline", help="output directory")
     roofline.set_defaults(handler=_roofline)
+
+    compare = commands.add_parser(
+        "compare", help="two records side by side: differing layers, fairness, B/A ratios"
+    )
+    compare.add_argument("a", metavar="A", help="the baseline record")
+    compare.add_argument("b", metavar="B", help="the record compared with it")
+    compare.add_argument("--cap", action="store_true", help="cap the quality factor at 1")
+    compare.add_argument("--json", action="store_true")
+    compare.set_defaults(handler=_compare)
+
+    importer = commands.add_parser(
+        "import-mlperf", help="a record from an MLPerf training log of any framework"
+    )
+    importer.add_argument("log", metavar="LOG")
+    importer.add_argument("--benchmark", help="default: from the log's submission_benchmark")
+    importer.add_argument("--sidecar", help="JSON or TOML with what the log does not carry")
+    importer.add_argument("--framework", help="e.g. pytorch")
+    importer.add_argument("--framework-version")
+    importer.add_argument("--flops-per-example", type=float, help="training FLOPs per example")
+    importer.add_argument("--out", help="the record to write (default LOG.record.json)")
+    importer.set_defaults(handler=_import_mlperf)
 
     scaling = commands.add_parser(
         "scaling", help="throughput and time-to-quality against worker count, with efficiency"

@@ -177,3 +177,54 @@ def system_layers(workers: int = 1, collective: str | None = None) -> dict[str, 
         "L4": l4,
         "L5": l5,
     }
+
+
+def run_layers(
+    setup,
+    workload,
+    *,
+    workers: int,
+    replicas: int,
+    global_batch: int,
+    precision: str,
+    intra_op_threads: int,
+) -> dict[str, dict]:
+    """L6-L9 of a run, in terms every framework's runner shares (`setup`: config.Setup)."""
+    t, o = setup.training, setup.optimizer
+    return {
+        "L6": {
+            "parallelism": "data_parallel",
+            "synchronous": True,
+            "strategy": t.strategy,
+            "workers": workers,
+            "replicas": replicas,
+            "batch_per_replica": t.batch_per_replica,
+            "global_batch": global_batch,
+            "intra_op_threads": intra_op_threads,
+        },
+        "L7": {**workload.workload_layer(), "precision": precision, "xla": t.xla},
+        "L8": {
+            "optimizer": "sgd_momentum" if o.name == "sgd" else "lars",
+            "momentum": o.momentum,
+            "weight_decay": o.weight_decay,
+            "decay_all_variables": o.decay_all_variables,
+            "label_smoothing": o.label_smoothing,
+            "lr_schedule": f"warmup_{o.schedule}",
+            "base_learning_rate": o.base_learning_rate,
+            "peak_learning_rate": o.base_learning_rate * global_batch / 256,
+            "warmup_epochs": o.warmup_epochs,
+            "seed": t.seed,
+            **({"lars_eta": o.lars_eta} if o.name == "lars" else {}),
+            **(
+                {"step_boundaries": o.step_boundaries, "step_factor": o.step_factor}
+                if o.schedule == "step"
+                else {}
+            ),
+        },
+        "L9": {
+            "dataset": workload.dataset_name(),
+            "quality_metric": workload.quality_metric,
+            "target_quality": t.target_quality,
+            "epochs": t.epochs,
+        },
+    }

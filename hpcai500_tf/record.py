@@ -267,3 +267,29 @@ def new_run_dir(out_dir: str | Path, benchmark: str, preset: str) -> Path:
         raise UserError(f"{run_dir}: already exists; refusing to overwrite it")
     run_dir.mkdir(parents=True)
     return run_dir
+
+
+def quality_result(
+    curve: list[dict], target: float, total_s: float, examples: int, measured: bool
+) -> dict:
+    """Time-to-quality is the first evaluation at or above target; else the whole run."""
+    result = {
+        "measured": measured,
+        "reached_target": False,
+        "achieved": None,
+        "final": None,
+        "time_to_quality_s": None,
+        "examples_to_quality": None,
+    }
+    if not measured or not curve:
+        return result
+    reached = next((p for p in curve if p["value"] >= target), None)
+    point = reached or {"elapsed_s": total_s, "examples": examples, "value": curve[-1]["value"]}
+    result.update(
+        reached_target=reached is not None,
+        achieved=point["value"] or None,
+        final=curve[-1]["value"] or None,
+        time_to_quality_s=point["elapsed_s"],
+        examples_to_quality=point["examples"],
+    )
+    return result

@@ -5,6 +5,7 @@ run time."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -275,7 +276,7 @@ def test_a_worker_whose_peer_never_arrives_gives_up_in_time(tmp_path):
     ],
 )
 def test_malformed_tf_config_is_one_line(tf_config, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+    with pytest.raises(UserError, match=re.escape(message)):
         cluster.parse_tf_config(tf_config)
 
 

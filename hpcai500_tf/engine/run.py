@@ -56,7 +56,8 @@ def measure_flops(engine: Engine, batch) -> dict:
         "per_example_forward": forward_per_example,
         "analytical_per_example_forward": engine.workload.analytical_forward_flops(engine.model),
         "method": (
-            f"TensorFlow registered op statistics over the traced train step "
+            "TensorFlow registered op statistics (convolution gradients counted exactly) "
+            "over the ops that run in the traced train step "
             f"(forward, backward, weight update) at global batch {engine.global_batch}"
             + (
                 f" ({engine.local_batch} per worker, as traced)"
@@ -82,51 +83,25 @@ def _layers(setup: Setup, engine: Engine) -> dict:
         l3 |= {"timeout_s": c.timeout_s, "join_timeout_s": c.join_timeout_s}
     observed = layers.system_layers(workers, l3["collective_implementation"])
     observed["L3"] = l3
-    t, o = setup.training, setup.optimizer
-    observed["L6"] = {
-        "parallelism": "data_parallel",
-        "synchronous": True,
-        "strategy": name,
-        "workers": workers,
-        "replicas": engine.replicas,
-        "batch_per_replica": t.batch_per_replica,
-        "global_batch": engine.global_batch,
-        # None: TensorFlow's default (as many as cores)
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()
+    threads = (
+        tf.config.threading.get_intra_op_parallelism_threads()
         or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0))
-        or None,
-    }
-    observed["L7"] = {**engine.workload.workload_layer(), "precision": engine.policy, "xla": t.xla}
-    observed["L8"] = {
-        "optimizer": "sgd_momentum" if o.name == "sgd" else "lars",
-        "momentum": o.momentum,
-        "weight_decay": o.weight_decay,
-        "decay_all_variables": o.decay_all_variables,
-        "label_smoothing": o.label_smoothing,
-        "lr_schedule": f"warmup_{o.schedule}",
-        "base_learning_rate": o.base_learning_rate,
-        "peak_learning_rate": peak_learning_rate(o, engine.global_batch),
-        "warmup_epochs": o.warmup_epochs,
-        "seed": t.seed,
-        **({"lars_eta": o.lars_eta} if o.name == "lars" else {}),
-        **(
-            {"step_boundaries": o.step_boundaries, "step_factor": o.step_factor}
-            if o.schedule == "step"
-            else {}
-        ),
-    }
-    observed["L9"] = {
-        "dataset": engine.workload.dataset_name(),
-        "quality_metric": engine.workload.quality_metric,
-        "target_quality": t.target_quality,
-        "epochs": t.epochs,
-    }
-    return observed
+        or len(os.sched_getaffinity(0))  # TensorFlow's default: one per usable core
+    )
+    return observed | layers.run_layers(
+        setup,
+        engine.workload,
+        workers=workers,
+        replicas=engine.replicas,
+        global_batch=engine.global_batch,
+        precision=engine.policy,
+        intra_op_threads=threads,
+    )
 
 
-def _not_rankable(setup: Setup, engine: Engine, problem: dict) -> list[str]:
+def _not_rankable(setup: Setup, workload, problem: dict) -> list[str]:
     reasons = []
-    if not engine.workload.measures_quality:
+    if not workload.measures_quality:
         reasons.append("random data: quality not measured (throughput only)")
     for key, expected in setup.benchmark.problem().items():
         if problem[key] != expected:
@@ -134,51 +109,27 @@ def _not_rankable(setup: Setup, engine: Engine, problem: dict) -> list[str]:
     return reasons
 
 
-def quality_result(
-    curve: list[dict], target: float, total_s: float, examples: int, measured: bool
-) -> dict:
-    """Time-to-quality is the first evaluation at or above target; else the whole run."""
-    result = {
-        "measured": measured,
-        "reached_target": False,
-        "achieved": None,
-        "final": None,
-        "time_to_quality_s": None,
-        "examples_to_quality": None,
-    }
-    if not measured or not curve:
-        return result
-    reached = next((p for p in curve if p["value"] >= target), None)
-    point = reached or {"elapsed_s": total_s, "examples": examples, "value": curve[-1]["value"]}
-    result.update(
-        reached_target=reached is not None,
-        achieved=point["value"] or None,
-        final=curve[-1]["value"] or None,
-        time_to_quality_s=point["elapsed_s"],
-        examples_to_quality=point["examples"],
-    )
-    return result
-
-
 def make_record(
     setup: Setup,
-    engine: Engine,
+    layer_values: dict,
+    workload,
     progress: Progress,
     flops: dict,
     status: str,
     warnings: list[str],
     artifacts: dict,
     energy: dict,
+    framework: str = "tensorflow",
 ) -> dict:
-    layer_values = _layers(setup, engine)
-    reasons = _not_rankable(setup, engine, layer_values["L9"])
+    """The record of a finished (or stopped) run, from any framework's runner."""
+    reasons = _not_rankable(setup, workload, layer_values["L9"])
     total_s = progress.elapsed()
-    quality = quality_result(
+    quality = record_io.quality_result(
         progress.curve,
         setup.training.target_quality,
         total_s,
         progress.examples,
-        engine.workload.measures_quality,
+        workload.measures_quality,
     )
     if quality["measured"] and quality["achieved"] is None and status == "completed":
         status = "stopped"
@@ -197,7 +148,7 @@ def make_record(
         "source": {
             "tool": "hpcai500-tf",
             "tool_version": __version__,
-            "framework": "tensorflow",
+            "framework": framework,
             "imported_from": None,
         },
         "layers": layer_values,
@@ -210,7 +161,7 @@ def make_record(
             "epochs": progress.epochs,
         },
         "quality": {
-            "metric": engine.workload.quality_metric,
+            "metric": workload.quality_metric,
             "target": setup.training.target_quality,
             **quality,
             "curve": progress.curve,
@@ -225,7 +176,8 @@ def make_record(
     }
 
 
-def _log_setup(mllog: MLLogger, setup: Setup, engine: Engine) -> None:
+def log_setup(mllog: MLLogger, setup: Setup, global_batch: int, workload) -> None:
+    """The MLPerf setup events every runner logs between init_start and init_stop."""
     t, o = setup.training, setup.optimizer
     mllog.event(
         "submission_benchmark",
@@ -237,13 +189,13 @@ def _log_setup(mllog: MLLogger, setup: Setup, engine: Engine) -> None:
     mllog.event("submission_status", "research")
     mllog.event("cache_clear", True)
     mllog.event("seed", t.seed)
-    mllog.event("global_batch_size", engine.global_batch)
-    mllog.event("train_samples", engine.workload.train_examples)
-    mllog.event("eval_samples", engine.workload.eval_examples)
+    mllog.event("global_batch_size", global_batch)
+    mllog.event("train_samples", workload.train_examples)
+    mllog.event("eval_samples", workload.eval_examples)
     mllog.event("gradient_accumulation_steps", 1)
     mllog.event("opt_name", o.name)
     prefix = "sgd_opt" if o.name == "sgd" else "lars_opt"
-    mllog.event(f"{prefix}_base_learning_rate", peak_learning_rate(o, engine.global_batch))
+    mllog.event(f"{prefix}_base_learning_rate", peak_learning_rate(o, global_batch))
     mllog.event(f"{prefix}_momentum", o.momentum)
     mllog.event(f"{prefix}_weight_decay", o.weight_decay)
     mllog.event("opt_learning_rate_warmup_epochs", o.warmup_epochs)
@@ -338,7 +290,7 @@ def train(
     else:
         progress = Progress(config_fingerprint=config_id, init_start=init_start)
         mllog.start("init_start", time_ms=init_start * 1000)
-        _log_setup(mllog, setup, engine)
+        log_setup(mllog, setup, engine.global_batch, engine.workload)
     if view:
         view.message("tracing the train step, counting its FLOPs, warming it up")
     batch = engine.synthetic_batch()
@@ -390,7 +342,10 @@ def train(
         "checkpoints": str(run_dir / "checkpoints"),
         "power_samples": str(run_dir / POWER_SAMPLES) if sampler and sampler.sources else None,
     }
-    record = make_record(setup, engine, progress, flops, status, warnings, artifacts, energy)
+    layer_values = _layers(setup, engine)
+    record = make_record(
+        setup, layer_values, engine.workload, progress, flops, status, warnings, artifacts, energy
+    )
     path = run_dir / RECORD_FILE
     record_io.save(path, record, overwrite=bool(resume))
     return record, path

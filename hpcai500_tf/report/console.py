@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from hpcai500_tf.compare import Comparison
 from hpcai500_tf.record import LAYER_KEYS
 from hpcai500_tf.scaling import Series
 from hpcai500_tf.scoring import Ranking, Score
@@ -267,3 +268,37 @@ def scaling_table(series: Series) -> Table:
             "-" if row.ttq_efficiency is None else f"{row.ttq_efficiency:.1%}",
         )
     return table
+
+
+def comparison_tables(comparison: Comparison, path_a: str, path_b: str) -> list:
+    layers = Table(title="Layers that differ (A -> B)")
+    for column in ("Layer", "Field", "A", "B"):
+        layers.add_column(column, overflow="fold")
+    for d in comparison.differences:
+        layers.add_row(f"{d.layer} {LAYER_KEYS[d.layer]}", d.field, _value(d.a), _value(d.b))
+    if comparison.unknown:
+        fields = ", ".join(f"{u.layer}.{u.field}" for u in comparison.unknown[:8])
+        more = f" and {len(comparison.unknown) - 8} more" if len(comparison.unknown) > 8 else ""
+        layers.caption = f"recorded by one side only (equality unknown): {fields}{more}"
+    style = "green" if comparison.valid else "yellow"
+    verdict = f"[{style}]{comparison.verdict}[/{style}]"
+    results = Table(title=f"A: {path_a}\nB: {path_b}")
+    for column in ("Result", "A", "B", "B/A"):
+        results.add_column(column)
+    for m in comparison.metrics:
+        unit = m.unit if m.unit not in ("s",) else ""
+
+        def show(value, unit=unit, m=m):
+            if value is None:
+                return "-"
+            if m.unit == "s":
+                return duration(value)
+            if m.name.endswith("quality"):
+                return f"{value:.4f}"
+            return (
+                si(value, unit) if unit in ("FLOPS", "FLOPS/W", "FLOPs", "W") else f"{value:,.1f}"
+            )
+
+        ratio = "-" if m.ratio is None else f"{m.ratio:.3f}x"
+        results.add_row(f"{m.name} ({m.unit})", show(m.a), show(m.b), ratio)
+    return [layers if comparison.differences else "[dim]no layer differs[/dim]", verdict, results]

@@ -1,0 +1,290 @@
+"""A record from an MLPerf training log (`:::MLLOG` lines) written by any framework.
+
+The log gives the timeline, the quality curve, the global batch, the epoch size and the
+hyperparameters. It does not carry the hardware, the framework or the FLOPs per example:
+those come from the command line or a sidecar file (JSON or TOML):
+
+    framework = "pytorch"            # required (or --framework)
+    framework_version = "2.13.0"
+    flops_per_example = 2.4e10       # required (or --flops-per-example): training FLOPs
+    flops_method = "how they were counted"
+    preset = "reference"
+    target_quality = 0.763           # default: the benchmark's
+    epochs = 90                      # the epoch budget (L9); default: the benchmark's
+    dataset = "imagenet-1k"          # default: the benchmark's
+    [layers.L1]                      # any whole layer, e.g. from `hpcai500-tf sysinfo --json`
+    summary = "8 x NVIDIA H100"      # (replaces what the log suggests for that layer)
+
+Timestamps are the log's own (`time_ms`); examples are epochs x `train_samples`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from hpcai500_tf import __version__, config
+from hpcai500_tf import record as record_io
+from hpcai500_tf.errors import UserError
+
+PREFIX = ":::MLLOG "
+REQUIRED = {
+    "run_start": "the start of the timed run",
+    "run_stop": "the end of the timed run",
+    "global_batch_size": "the global batch",
+    "train_samples": "the epoch size (examples per epoch)",
+    "eval_accuracy": "the quality curve",
+}
+BENCHMARK_NAMES = {"resnet": "image_classification"}
+SIDECAR_KEYS = {
+    "framework": str,
+    "framework_version": str,
+    "flops_per_example": (int, float),
+    "flops_method": str,
+    "preset": str,
+    "target_quality": (int, float),
+    "epochs": int,
+    "dataset": str,
+    "benchmark": str,
+    "layers": dict,
+}
+
+
+def read_log(path: Path) -> tuple[list[dict], list[str]]:
+    """The log's events in order, and warnings for lines that could not be read."""
+    try:
+        text = path.read_text(errors="strict")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such MLPerf log") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: cannot read the log ({error.__class__.__name__})") from None
+    events, bad = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if PREFIX not in line:
+            continue
+        try:
+            event = json.loads(line.split(PREFIX, 1)[1])
+            if not isinstance(event, dict) or "key" not in event or "time_ms" not in event:
+                raise ValueError
+            float(event["time_ms"])
+        except ValueError:
+            bad.append(number)
+            continue
+        events.append(event)
+    if not events:
+        raise UserError(f"{path}: no ':::MLLOG' lines: not an MLPerf log")
+    warnings = (
+        [f"{path}: {len(bad)} unreadable :::MLLOG line(s) skipped (line {bad[0]})"] if bad else []
+    )
+    return events, warnings
+
+
+def read_sidecar(path: str | None) -> dict:
+    if path is None:
+        return {}
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such sidecar file") from None
+    except (OSError, UnicodeDecodeError, ValueError, tomllib.TOMLDecodeError) as error:
+        raise UserError(f"{path}: not a readable JSON or TOML sidecar ({error})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a sidecar must be an object of keys")
+    for key, value in data.items():
+        if key not in SIDECAR_KEYS:
+            raise UserError(f"{path}: unknown key '{key}' (known: {', '.join(SIDECAR_KEYS)})")
+        kind = SIDECAR_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UserError(f"{path}: '{key}' has the wrong type ({value!r})")
+    for layer in data.get("layers", {}):
+        if layer not in record_io.LAYER_KEYS:
+            raise UserError(f"{path}: 'layers.{layer}' is not a layer (L1-L9)")
+    return data
+
+
+def _first(events: list[dict], key: str) -> dict | None:
+    return next((e for e in events if e["key"] == key), None)
+
+
+def build_record(
+    log_path: str, sidecar: dict, benchmark_name: str | None = None
+) -> tuple[dict, list[str]]:
+    """The record of an MLPerf log (see the module's doc for what else it needs)."""
+    path = Path(log_path)
+    events, warnings = read_log(path)
+    keys = {e["key"] for e in events}
+    missing = [key for key in REQUIRED if key not in keys]
+    if missing:
+        needed = "; ".join(f"{key} ({REQUIRED[key]})" for key in missing)
+        raise UserError(f"{path}: the log lacks keys the record needs: {needed}")
+    for key, what in (("framework", "--framework"), ("flops_per_example", "--flops-per-example")):
+        if key not in sidecar:
+            raise UserError(
+                f"{path}: the log does not give the {key.replace('_', ' ')}: "
+                f"pass {what} or '{key}' in a sidecar"
+            )
+    if sidecar["flops_per_example"] <= 0:
+        raise UserError(f"flops per example must be > 0, got {sidecar['flops_per_example']}")
+    submitted = _first(events, "submission_benchmark")
+    name = benchmark_name or sidecar.get("benchmark")
+    if name is None and submitted is not None:
+        name = BENCHMARK_NAMES.get(str(submitted["value"]), str(submitted["value"]))
+    if name is None:
+        raise UserError(f"{path}: the log names no benchmark: give --benchmark")
+    benchmark = config.load_benchmark(name)
+
+    def value(key):
+        event = _first(events, key)
+        return None if event is None else event["value"]
+
+    def seconds(event):
+        return float(event["time_ms"]) / 1000
+
+    run_start = seconds(_first(events, "run_start"))
+    stop_event = _first(events, "run_stop")
+    run_stop = seconds(stop_event)
+    if run_stop <= run_start:
+        raise UserError(f"{path}: run_stop is not after run_start")
+    epoch_size, global_batch = value("train_samples"), value("global_batch_size")
+    for key, number in (("train_samples", epoch_size), ("global_batch_size", global_batch)):
+        if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+            raise UserError(f"{path}: '{key}' must be a positive integer, got {number!r}")
+
+    def epoch_of(event) -> float:
+        metadata = event.get("metadata") or {}
+        epoch = metadata.get("epoch_num", metadata.get("epoch_count"))
+        if isinstance(epoch, bool) or not isinstance(epoch, int | float):
+            raise UserError(f"{path}: an '{event['key']}' line has no metadata.epoch_num")
+        return epoch
+
+    curve = []
+    for event in (e for e in events if e["key"] == "eval_accuracy"):
+        accuracy = event["value"]
+        if (
+            isinstance(accuracy, bool)
+            or not isinstance(accuracy, int | float)
+            or not 0 <= accuracy <= 1
+        ):
+            raise UserError(f"{path}: eval_accuracy {accuracy!r} is not a fraction in [0, 1]")
+        epoch = epoch_of(event)
+        curve.append(
+            {
+                "epoch": epoch,
+                "elapsed_s": seconds(event) - run_start,
+                "examples": int(round(epoch * epoch_size)),
+                "value": float(accuracy),
+            }
+        )
+    epochs = [
+        {
+            "epoch": int(epoch_of(e)),
+            "elapsed_s": seconds(e) - run_start,
+            "examples": int(epoch_of(e)) * epoch_size,
+        }
+        for e in events
+        if e["key"] == "epoch_stop"
+    ]
+    target = float(sidecar.get("target_quality", benchmark.target_quality))
+    budget = sidecar.get("epochs", benchmark.epochs)
+    total_s = run_stop - run_start
+    trained = epochs[-1]["examples"] if epochs else (curve[-1]["examples"] if curve else 0)
+    quality = record_io.quality_result(curve, target, total_s, trained, measured=True)
+    status_value = (stop_event.get("metadata") or {}).get("status", "success")
+    status = "imported" if status_value == "success" else "stopped"
+    if status == "stopped":
+        warnings.append(f"the log's run_stop says '{status_value}'")
+    flops = float(sidecar["flops_per_example"])
+    examples = quality["examples_to_quality"]
+    given = sidecar.get("layers", {})
+    problem = {
+        "dataset": sidecar.get("dataset", benchmark.dataset),
+        "quality_metric": benchmark.quality_metric,
+        "target_quality": target,
+        "epochs": budget,
+    }
+    layers = {
+        "L1": {"summary": value("submission_platform")},
+        "L2": {},
+        "L3": {},
+        "L4": {},
+        "L5": {
+            "framework": sidecar["framework"],
+            "framework_version": sidecar.get("framework_version"),
+        },
+        "L6": {"parallelism": "data_parallel", "synchronous": True, "global_batch": global_batch},
+        "L7": {},
+        "L8": {
+            key: value(key)
+            for key in sorted(keys)
+            if key.startswith(("opt_", "sgd_opt", "lars_opt", "lars_"))
+            or key in ("seed", "label_smoothing")
+        },
+        "L9": problem,
+    }
+    layers |= given  # the submitter's statement of a layer replaces what the log suggests
+    reasons = [
+        f"{key} is {layers['L9'][key]!r}, the benchmark's is {expected!r}"
+        for key, expected in benchmark.problem().items()
+        if layers["L9"].get(key) != expected
+    ]
+    init = _first(events, "init_start")
+    record = {
+        "schema_version": record_io.SCHEMA_VERSION,
+        "kind": record_io.KIND,
+        "benchmark": benchmark.name,
+        "preset": sidecar.get("preset", "imported"),
+        "level": "free",
+        "status": status,
+        "rankable": not reasons,
+        "not_rankable_reasons": reasons,
+        "source": {
+            "tool": f"hpcai500-tf import-mlperf {__version__}",
+            "tool_version": __version__,
+            "framework": sidecar["framework"],
+            "imported_from": str(path),
+        },
+        "layers": layers,
+        "config": {"imported_from": str(path), "sidecar": sidecar},
+        "timeline": {
+            "init_start": seconds(init) if init else run_start,
+            "run_start": run_start,
+            "run_stop": run_stop,
+            "segments": [{"start": run_start, "stop": run_stop}],
+            "epochs": epochs,
+        },
+        "quality": {
+            "metric": benchmark.quality_metric,
+            "target": target,
+            **quality,
+            "curve": curve,
+        },
+        "flops": {
+            "per_example_training": flops,
+            "per_example_forward": None,
+            "analytical_per_example_forward": None,
+            "method": sidecar.get("flops_method", "given by the submitter with the log"),
+            "counted_op_types": [],
+            "uncounted_op_types": [],
+            "total": None if examples is None else flops * examples,
+        },
+        "energy": {
+            "measured": False,
+            "reason": "an MLPerf training log carries no power readings",
+            "joules": None,
+            "interval_s": None,
+            "scope": None,
+            "average_watts": None,
+            "coverage": None,
+            "sample_hz": None,
+            "parts_measured": [],
+            "parts_not_measured": [],
+            "quality_flags": [],
+            "sources": [],
+        },
+        "warnings": warnings,
+        "artifacts": {"mlperf_log": str(path)},
+    }
+    return record, warnings
