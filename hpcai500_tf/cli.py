@@ -347,11 +347,13 @@ def _roofline(args: argparse.Namespace) -> int:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("benchmark", help="image_classification")
+    parser.add_argument("benchmark", help="image_classification or extreme_weather")
     parser.add_argument(
         "--preset", default="smoke", help="reference, smoke or tiny (default smoke: built-in data)"
     )
-    parser.add_argument("--data", help="dataset directory (ImageNet TFRecords for 'reference')")
+    parser.add_argument(
+        "--data", help="dataset: ImageNet TFRecords or ExtremeWeather .h5 files ('reference')"
+    )
     parser.add_argument(
         "--set",
         action="append",

@@ -223,9 +223,15 @@ def section(cls, table: Any, where: str):
             "bool": bool,
             "list[int]": list,
             "list[str]": list,
+            "list[float]": list,
         }[kind]
         if isinstance(value, bool) and kind != "bool" or not isinstance(value, expected):
             raise UserError(f"config: '{where}.{name}' must be {kind}, got {value!r}")
+        if kind.startswith("list["):
+            item = {"int": int, "float": (int, float), "str": str}[kind[5:-1]]
+            if any(isinstance(v, bool) or not isinstance(v, item) for v in value):
+                raise UserError(f"config: '{where}.{name}' must be {kind}, got {value!r}")
+            value = [float(v) for v in value] if kind == "list[float]" else value
         values[name] = float(value) if kind == "float" else value
     built = cls(**values)
     problem = built.check() if hasattr(built, "check") else None

@@ -305,9 +305,10 @@ def test_smoke_preset_reaches_its_target(tmp_path):
     assert rec["quality"]["reached_target"] and rec["quality"]["final"] >= 0.9
 
 
-def test_a_benchmark_without_a_workload_says_so(capsys):
-    assert main(["train", "extreme_weather"]) == 2
-    assert "cannot be trained yet" in capsys.readouterr().err
+def test_an_unknown_benchmark_is_one_line(capsys):
+    assert main(["train", "protein_folding"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'protein_folding'" in err and err.count("\n") == 1
 
 
 def test_xla_switch(tmp_path):

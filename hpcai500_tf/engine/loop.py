@@ -115,8 +115,9 @@ class Engine:
     def _replica_train_step(self, images, labels):
         config = self.optimizer_config
         with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
-            per_example = self.workload.loss(labels, logits, config.label_smoothing)
+            per_example = self.workload.per_example_loss(
+                self.model, images, labels, config.label_smoothing
+            )
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
             if config.weight_decay:
                 l2 = tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in self.decayed])
@@ -132,15 +133,13 @@ class Engine:
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
     def _eval_step(self, images, labels):
-        def replica(images, labels):
-            return self.workload.eval_counts(labels, self.model(images, training=False))
+        """The workload's per-example evaluation outputs, gathered from every replica."""
 
-        correct, count = self.strategy.run(replica, (images, labels))
-        reduce = tf.distribute.ReduceOp.SUM
-        return (
-            self.strategy.reduce(reduce, correct, axis=None),
-            self.strategy.reduce(reduce, count, axis=None),
-        )
+        def replica(images, labels):
+            return self.workload.eval_outputs(self.model, images, labels)
+
+        outputs = self.strategy.run(replica, (images, labels))
+        return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
 
     # ------------------------------------------------------------------ data
 
@@ -178,7 +177,7 @@ class Engine:
         """A zero batch with the training data's element spec: for tracing and warm-up, so
         that no training data is touched before the run starts."""
         images = tf.zeros(self.workload.input_shape(), tf.float32)
-        labels = tf.zeros([], tf.int32)
+        labels = self.workload.empty_label()
 
         def dataset_fn(context: tf.distribute.InputContext):
             batch = context.get_per_replica_batch_size(self.global_batch)
@@ -215,14 +214,13 @@ class Engine:
         return self.training.batch_per_replica * local_replicas
 
     def evaluate(self) -> float:
-        correct = count = 0.0
-        for images, labels in self._dataset(False, self.training.seed):
-            c, n = self.eval_step(images, labels)
-            correct += float(c)
-            count += float(n)
-        if count == 0:
+        batches = [
+            tf.nest.map_structure(lambda v: v.numpy(), self.eval_step(images, labels))
+            for images, labels in self._dataset(False, self.training.seed)
+        ]
+        if not batches:
             raise UserError("the evaluation split produced no examples")
-        return correct / count
+        return self.workload.quality(batches)
 
     # ------------------------------------------------------------------ checkpoints
 

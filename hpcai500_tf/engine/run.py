@@ -7,6 +7,7 @@ other TensorFlow op runs, then data and model.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -312,8 +313,11 @@ def train(
     except KeyboardInterrupt:
         status = "stopped"
         warnings.append("interrupted by the user; resume with --resume " + str(run_dir))
-    except PEER_LOST as error:
-        if workers == 1:
+    except tf.errors.OpError as error:
+        user_error = _user_error_inside(error)
+        if user_error is not None:  # bad data found while reading: one line, no record
+            raise user_error from None
+        if workers == 1 or not isinstance(error, PEER_LOST):
             raise
         status = "stopped"
         first_line = str(error).strip().splitlines()[-1][:300]
@@ -349,6 +353,13 @@ def train(
     path = run_dir / RECORD_FILE
     record_io.save(path, record, overwrite=bool(resume))
     return record, path
+
+
+def _user_error_inside(error: tf.errors.OpError) -> UserError | None:
+    """A UserError raised inside the input pipeline (e.g. a corrupt sample) reaches the loop
+    wrapped in a TensorFlow error; unwrap it."""
+    match = re.search(r"UserError: (.*)", str(error))
+    return UserError(match.group(1).strip()) if match else None
 
 
 # What a collective raises when a peer worker dies or stops answering.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from hpcai500_tf.config import section
@@ -131,11 +132,24 @@ class ImageClassification:
             one_hot, logits, from_logits=True, label_smoothing=label_smoothing
         )
 
-    def eval_counts(self, labels, logits):
-        """(correct, examples) of one batch: summed across batches and replicas."""
-        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
-        return correct, tf.cast(tf.shape(labels)[0], tf.float32)
+    def per_example_loss(self, model, images, labels, label_smoothing: float):
+        return self.loss(labels, model(images, training=True), label_smoothing)
+
+    def empty_label(self):
+        """One example's label for tracing and warm-up."""
+        return tf.zeros([], tf.int32)
+
+    def eval_outputs(self, model, images, labels) -> dict:
+        """Per example: 1 where the top prediction is the label."""
+        predicted = tf.argmax(model(images, training=False), axis=-1, output_type=tf.int32)
+        return {"correct": tf.cast(tf.equal(predicted, labels), tf.float32)}
+
+    def quality(self, batches: list[dict]) -> float:
+        """Top-1 accuracy over every evaluated example."""
+        correct = np.concatenate([batch["correct"] for batch in batches])
+        if correct.size == 0:
+            raise UserError("the evaluation split produced no examples")
+        return float(correct.mean())
 
     def workload_layer(self) -> dict:
         m = self.model_config

@@ -1,0 +1,217 @@
+"""Extreme Weather Analytics: Faster R-CNN on ExtremeWeather, mAP at IoU 0.5.
+
+Supplies model, data, loss and quality to the shared engine. Data are either ExtremeWeather
+HDF5 files (`--data DIR`, split by year) or synthetic files in the same layout, generated once
+into a cache directory (`data.source = "synthetic"`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+from hpcai500_tf.config import section
+from hpcai500_tf.data import extreme_weather as ew
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.measure.mean_average_precision import mean_average_precision
+from hpcai500_tf.models.faster_rcnn import FasterRCNN
+
+DATASET_NAMES = {"hdf5": "extremeweather", "synthetic": "synthetic-extremeweather"}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str  # hdf5 | synthetic
+    train_years: list[int]
+    eval_years: list[int]
+    downsample: int  # average f x f pixel blocks (boxes scaled with them)
+    synthetic_samples: int  # per year file, synthetic only
+    synthetic_height: int
+    synthetic_width: int
+
+    def check(self) -> str | None:
+        if self.source not in DATASET_NAMES:
+            return f"source must be one of {', '.join(DATASET_NAMES)}, got '{self.source}'"
+        if not self.train_years or not self.eval_years:
+            return "train_years and eval_years must name at least one year each"
+        if set(self.train_years) & set(self.eval_years):
+            return "a year cannot be in both train_years and eval_years"
+        if self.downsample < 1:
+            return f"downsample must be >= 1, got {self.downsample}"
+        if self.source == "synthetic" and (
+            self.synthetic_samples < 1 or min(self.synthetic_height, self.synthetic_width) < 32
+        ):
+            return "synthetic data need samples >= 1 and height, width >= 32"
+        return None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    width: float
+    blocks: list[int]
+    feature_stage: int  # 3 (stride 8) or 4 (stride 16, the C4 model)
+    anchor_sizes: list[float]  # pixels of the (downsampled) input
+    anchor_ratios: list[float]  # height / width
+    pre_nms: int
+    proposals_train: int
+    proposals_eval: int
+    rpn_batch: int
+    roi_batch: int
+    head_units: int
+    max_detections: int
+    bn_momentum: float
+    bn_epsilon: float
+
+    def check(self) -> str | None:
+        if self.width <= 0 or len(self.blocks) != 4 or min(self.blocks) < 1:
+            return "width must be > 0 and blocks four counts >= 1"
+        if self.feature_stage not in (3, 4):
+            return f"feature_stage must be 3 or 4, got {self.feature_stage}"
+        if not self.anchor_sizes or not self.anchor_ratios:
+            return "anchor_sizes and anchor_ratios must not be empty"
+        if min(self.anchor_sizes) <= 0 or min(self.anchor_ratios) <= 0:
+            return "anchor sizes and ratios must be > 0"
+        counts = (self.pre_nms, self.proposals_train, self.proposals_eval, self.rpn_batch)
+        if min(counts) < 1 or self.roi_batch < 4 or self.head_units < 1:
+            return "proposal counts and batches must be >= 1 (roi_batch >= 4)"
+        if self.max_detections < 1:
+            return "max_detections must be >= 1"
+        return None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("HPCAI500_CACHE") or os.environ.get("XDG_CACHE_HOME")
+    return Path(base) / "hpcai500-tf" if base else Path.home() / ".cache" / "hpcai500-tf"
+
+
+class ExtremeWeather:
+    name = "extreme_weather"
+    quality_metric = "map_iou50"
+
+    def __init__(self, preset: dict, data_dir: str | None):
+        self.data = d = section(DataConfig, preset.get("data"), "data")
+        self.model_config = section(ModelConfig, preset.get("model"), "model")
+        if d.source == "hdf5":
+            if data_dir is None:
+                raise UserError("this preset reads ExtremeWeather .h5 files: pass --data DIR")
+            directory = Path(data_dir)
+        else:
+            if data_dir is not None:
+                raise UserError(
+                    "this preset generates its data (synthetic); drop --data or use a preset "
+                    "with data.source = 'hdf5'"
+                )
+            directory = ew.synthetic_dir(
+                cache_dir(),
+                sorted({*d.train_years, *d.eval_years}),
+                d.synthetic_samples,
+                d.synthetic_height,
+                d.synthetic_width,
+                seed=10,
+            )
+        self.data_dir = directory
+        self.train_files = ew.year_files(directory, d.train_years)
+        self.eval_files = ew.year_files(directory, d.eval_years)
+        shapes = {}
+        self.train_counts = [self._checked(f, shapes) for f in self.train_files]
+        self.eval_counts = [self._checked(f, shapes) for f in self.eval_files]
+        (height, width), *others = shapes.values()
+        if others and any(shape != (height, width) for shape in others):
+            raise UserError(f"{directory}: the files hold images of different sizes {shapes}")
+        self.image_size = (height // d.downsample, width // d.downsample)
+        self.train_examples = sum(self.train_counts)
+        self.eval_examples = sum(self.eval_counts)
+        self.stats = ew.normalization(self.train_files, directory)
+
+    @staticmethod
+    def _checked(path: Path, shapes: dict) -> int:
+        count, height, width = ew.check_file(path)
+        shapes[path.name] = (height, width)
+        return count
+
+    measures_quality = True
+
+    def build_model(self):
+        m = self.model_config
+        return FasterRCNN(
+            (*self.image_size, len(ew.CHANNELS)),
+            num_classes=len(ew.CLASSES),
+            width=m.width,
+            blocks=tuple(m.blocks),
+            feature_stage=m.feature_stage,
+            anchor_sizes=m.anchor_sizes,
+            anchor_ratios=m.anchor_ratios,
+            pre_nms=m.pre_nms,
+            proposals_train=m.proposals_train,
+            proposals_eval=m.proposals_eval,
+            rpn_batch=m.rpn_batch,
+            roi_batch=m.roi_batch,
+            head_units=m.head_units,
+            max_detections=m.max_detections,
+            bn_momentum=m.bn_momentum,
+            bn_epsilon=m.bn_epsilon,
+        )
+
+    def input_shape(self) -> tuple[int, int, int]:
+        return (*self.image_size, len(ew.CHANNELS))
+
+    def dataset(self, training: bool, seed: int, shard: tuple[int, int]) -> tf.data.Dataset:
+        files = self.train_files if training else self.eval_files
+        counts = self.train_counts if training else self.eval_counts
+        return ew.dataset(
+            files, counts, self.stats, training, seed, shard, self.data.downsample,
+            self.image_size,
+        )  # fmt: skip
+
+    def per_example_loss(self, model, images, labels, label_smoothing: float):
+        return model.training_losses(images, labels)
+
+    def empty_label(self):
+        """One example's boxes for tracing and warm-up: no object."""
+        return -tf.ones([ew.MAX_BOXES, 5], tf.float32)
+
+    def eval_outputs(self, model, images, labels) -> dict:
+        detections = model(images, training=False)
+        return {**detections, "truth": labels}
+
+    def quality(self, batches: list[dict]) -> float:
+        """mAP at IoU 0.5 over the evaluation years (VOC all-point interpolation)."""
+        detections, truth = [], []
+        for batch in batches:
+            for i in range(len(batch["valid"])):
+                n = int(batch["valid"][i])
+                detections.append(
+                    (batch["boxes"][i, :n], batch["scores"][i, :n], batch["classes"][i, :n])
+                )
+                rows = batch["truth"][i]
+                rows = rows[rows[:, 4] >= 0]
+                truth.append((rows[:, :4], rows[:, 4].astype(int)))
+        try:
+            value, _ = mean_average_precision(detections, truth, len(ew.CLASSES), 0.5)
+        except ValueError as error:
+            raise UserError(f"evaluation: {error}") from None
+        return value
+
+    def workload_layer(self) -> dict:
+        m = self.model_config
+        return {
+            "model": "faster_rcnn_resnet50_v1.5",
+            "width": m.width,
+            "blocks": m.blocks,
+            "feature_stage": m.feature_stage,
+            "image_size": list(self.image_size),
+            "channels": len(ew.CHANNELS),
+            "num_classes": len(ew.CLASSES),
+            "anchor_sizes": m.anchor_sizes,
+            "anchor_ratios": m.anchor_ratios,
+            "proposals": [m.proposals_train, m.proposals_eval],
+        }
+
+    def dataset_name(self) -> str:
+        return DATASET_NAMES[self.data.source]
+
+    def analytical_forward_flops(self, model) -> float:
+        return model.analytical_forward_flops()
