@@ -304,6 +304,11 @@ def test_tiny_preset_trains_and_records(tiny_run):
     assert not rec["rankable"]
 
 
+def test_roofline_refuses_the_detector_in_one_line(capsys):
+    assert main(["roofline", "--quick", "--benchmark", "extreme_weather"]) == 2
+    assert "image_classification workloads only" in capsys.readouterr().err
+
+
 def test_reference_preset_needs_data(capsys):
     assert main(["train", "extreme_weather", "--preset", "reference"]) == 2
     assert "pass --data DIR" in capsys.readouterr().err
