@@ -487,3 +487,37 @@ def test_a_meter_log_that_cannot_serve_is_a_warning_not_a_lost_run(tmp_path, con
     block, warnings = run.energy_result(progress, ["GPU boards: none"], 10.0, str(meter))
     assert block["measured"] is False and block["reason"] == "GPU boards: none"
     assert any(warning in w for w in warnings)
+
+
+def test_a_counter_that_never_moves_is_left_out_not_a_zero():
+    items = [_measurement("rapl:dram-0", "DRAM", 0.0, 10.0, 100)]
+    block, warnings = power.energy_block(items, [], 10.0, 10.0)
+    assert block["measured"] is False and any("did not move" in w for w in warnings)
+
+
+def test_other_workers_are_gathered_once_per_host():
+    own = [
+        {**_measurement("rapl:package-0", "CPU package", 500.0, 10.0, 100), "sample_hz": 10.0},
+        {**_measurement("gpu0", "GPU board", 3000.0, 10.0, 100), "sample_hz": 10.0},
+    ]
+    vector = power.worker_vector(own)
+    same_host = list(vector)
+    other_host = [vector[0] + 1, *vector[1:]]
+    bare_host = [vector[0] + 2] + [0.0] * (len(vector) - 1)
+    measurements, notes = power.other_workers([vector, same_host, other_host, bare_host])
+    assert {m["worker"] for m in measurements} == {2}  # worker 1 shares worker 0's host
+    assert notes == ["worker 3: no power source on its node"]
+    gpu = next(m for m in measurements if m["part"] == "GPU board")
+    assert gpu["joules"] == 3000.0 and gpu["sample_hz"] == pytest.approx(10.0)
+    block, _ = power.energy_block([*own, *measurements], notes, 10.0, 10.0)
+    assert block["average_watts"] == pytest.approx(2 * 350.0)
+    assert block["scope"] == "2 CPU packages, 2 GPU boards only"
+
+
+def test_a_meter_on_worker_0_adds_the_other_nodes_sampled_parts():
+    meter = _measurement("meter", power.NODE, 9000.0, 10.0, 10)
+    remote = {**_measurement("worker1:cpu_packages", "CPU package", 2000.0, 10.0, 100),
+              "worker": 1, "count": 2}  # fmt: skip
+    block, _ = power.energy_block([meter, remote], [], 10.0, 10.0)
+    assert block["average_watts"] == pytest.approx(1100.0)
+    assert block["scope"] == "whole node of worker 0 (meter log), other workers' 2 CPU packages"

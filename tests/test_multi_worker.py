@@ -388,3 +388,24 @@ def test_slurm_cluster_is_read_from_the_environment(tmp_path, monkeypatch):
     assert resolver.cluster_spec().as_dict() == {"worker": ["node1:8888", "node2:8888"]}
     assert resolver.task_id == 1
     assert not resolver.num_accelerators().get("GPU")  # CPU nodes: no placeholder GPUs leak
+
+
+def test_a_two_worker_run_gathers_every_workers_energy(tmp_path):
+    from .test_energy import RaplWriter, _zone
+
+    powercap = tmp_path / "powercap"
+    _zone(powercap, "intel-rapl:0", "package-0", 0, max_uj=1_000_000_000)
+    with RaplWriter(powercap, watts=60.0):
+        result = _hpcai500(
+            ["train", "image_classification", "--preset", "tiny", *RANDOM_TINY,
+             "--set", "training.batch_per_replica=16", "--workers", "2",
+             "--power-hz", "20", "--out", str(tmp_path / "runs")],
+            env={"HPCAI500_POWERCAP_ROOT": str(powercap)},
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (rec,) = _records(tmp_path / "runs")
+    energy = rec["energy"]
+    # Both workers read the same package here: it is counted once, from worker 0.
+    assert energy["measured"] and energy["scope"] == "1 CPU package only"
+    assert [s["worker"] for s in energy["sources"]] == [0]
+    assert energy["average_watts"] == pytest.approx(60.0, rel=0.1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import zlib
 from pathlib import Path
 
 from hpcai500_tf.energy.integrate import energy_over
@@ -103,6 +104,7 @@ class PowerSampler:
 
     def write_samples(self, path: Path) -> None:
         """Append every reading to a CSV beside the record (source, unix seconds, value)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
         new = not path.exists()
         with path.open("a") as handle:
             if new:
@@ -186,12 +188,15 @@ def energy_block(
                 f"power source {item['name']}: its counter fell {item['counter_faults']} "
                 "time(s) with no known range; those spans were left out"
             )
-    usable = [m for m in measurements if m["covered_s"] > 0]
+    usable = [m for m in measurements if m["covered_s"] > 0 and m["joules"] > 0]
     for item in measurements:
-        if item not in usable:
+        if item["covered_s"] <= 0:
             warnings.append(f"power source {item['name']}: no reading covers the timed run")
+        elif item["joules"] <= 0:
+            warnings.append(f"power source {item['name']}: its energy did not move (left out)")
     node = [m for m in usable if m["part"] == NODE]
-    in_scope = node or usable
+    # A meter log covers worker 0's node; other workers' nodes add what was sampled there.
+    in_scope = node + [m for m in usable if m["worker"] != 0] if node else usable
     base = {
         "interval_s": interval_s,
         "requested_hz": requested_hz,
@@ -206,11 +211,17 @@ def energy_block(
         return block, warnings
     counts: dict[str, int] = {}
     for item in in_scope:
-        counts[item["part"]] = counts.get(item["part"], 0) + 1
+        if item["part"] != NODE:
+            counts[item["part"]] = counts.get(item["part"], 0) + item.get("count", 1)
     parts = [_plural(n, part) for part, n in counts.items()]
-    if node:
+    if node and not counts:
+        parts = [NODE]
         scope = f"{NODE} (meter log)"
         not_measured = []
+    elif node:
+        parts = [f"{NODE} of worker 0", *parts]
+        scope = f"{NODE} of worker 0 (meter log), other workers' " + ", ".join(parts[1:])
+        not_measured = [*notes, REST_OF_NODE + " of the other workers"]
     else:
         scope = ", ".join(parts) + " only"
         not_measured = [*notes, REST_OF_NODE]
@@ -257,3 +268,73 @@ def meter_log_summary(path: str) -> tuple[dict, list[str]]:
     measurement = meter_measurement(readings, [(first, last)], path)
     energy_block([measurement], [], last - first, None)
     return {**measurement, "first": first, "last": last, "readings": len(readings)}, warnings
+
+
+# ------------------------------------------------------------------------ other workers
+# Each worker samples its own node; worker 0 gathers, per worker, the totals of each kind of
+# part as a fixed-length vector (a collective carries numbers only). Workers sharing a host
+# read the same sensors: only the lowest-ranked one of a host is counted.
+
+PARTS = ("GPU board", "CPU package", "DRAM")
+_FIELDS = ("count", "joules", "covered_s", "samples", "hz_seconds", "failed_reads")
+
+
+def host_id() -> float:
+    """This host as a number exact in float64 (a collective cannot carry its name)."""
+    return float(zlib.crc32(socket.gethostname().encode()))
+
+
+def worker_vector(measurements: list[dict]) -> list[float]:
+    """[host id, then for each part: sources, joules, covered s, samples, Hz x s, failed]."""
+    vector = [host_id()]
+    for part in PARTS:
+        mine = [m for m in measurements if m["part"] == part]
+        vector += [
+            len(mine),
+            sum(m["joules"] for m in mine),
+            sum(m["covered_s"] for m in mine) / max(len(mine), 1),
+            sum(m["samples"] for m in mine),
+            sum(m["sample_hz"] * m["covered_s"] for m in mine) / max(len(mine), 1),
+            sum(m["failed_reads"] for m in mine),
+        ]
+    return vector
+
+
+def other_workers(vectors: list[list[float]]) -> tuple[list[dict], list[str]]:
+    """Measurements of workers 1..N from everyone's vectors (row = rank), hosts counted once,
+    and a note for each worker whose node gave no reading."""
+    seen = {vectors[0][0]}
+    measurements, notes = [], []
+    for rank, vector in enumerate(vectors[1:], start=1):
+        if vector[0] in seen:
+            continue  # worker 0 or a lower rank already measured this host
+        seen.add(vector[0])
+        found = False
+        for index, part in enumerate(PARTS):
+            values = dict(zip(_FIELDS, vector[1 + 6 * index : 7 + 6 * index], strict=True))
+            if not values["count"]:
+                continue
+            found = True
+            measurements.append(
+                {
+                    "name": f"worker{rank}:{part.lower().replace(' ', '_')}s",
+                    "part": part,
+                    "kind": "sum",
+                    "count": int(values["count"]),
+                    "method": f"{int(values['count'])} source(s) sampled on worker {rank}",
+                    "worker": rank,
+                    "host": None,
+                    "joules": values["joules"],
+                    "covered_s": values["covered_s"],
+                    "samples": int(values["samples"]),
+                    "sample_hz": values["hz_seconds"] / values["covered_s"]
+                    if values["covered_s"]
+                    else 0.0,
+                    "failed_reads": int(values["failed_reads"]),
+                    "first_error": None,
+                    "counter_faults": 0,
+                }
+            )
+        if not found:
+            notes.append(f"worker {rank}: no power source on its node")
+    return measurements, notes

@@ -7,11 +7,14 @@ Linux RAPL (powercap). Each source reads one value: a cumulative energy counter 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-POWERCAP_ROOT = Path("/sys/class/powercap")
+# Where Linux exposes RAPL; HPCAI500_POWERCAP_ROOT points elsewhere (a container that mounts
+# the host's sysfs under another path).
+POWERCAP_ROOT = Path(os.environ.get("HPCAI500_POWERCAP_ROOT", "/sys/class/powercap"))
 _PACKAGE_ZONE = re.compile(r"intel-rapl:(\d+)$")
 _SUB_ZONE = re.compile(r"intel-rapl:(\d+):(\d+)$")
 
@@ -132,10 +135,10 @@ def rapl_sources(root: Path = POWERCAP_ROOT) -> tuple[list[Source], str | None]:
     return [], f"no RAPL package zone under {root}"
 
 
-def discover(nvml=None, powercap_root: Path = POWERCAP_ROOT) -> tuple[list[Source], list[str]]:
+def discover(nvml=None, powercap_root: Path | None = None) -> tuple[list[Source], list[str]]:
     """All sources here, and a note for each kind that is missing."""
     gpus, gpu_note = nvml_sources(nvml)
-    cpus, cpu_note = rapl_sources(powercap_root)
+    cpus, cpu_note = rapl_sources(powercap_root or POWERCAP_ROOT)
     notes = [f"GPU boards: {gpu_note}"] if gpu_note else []
     notes += [f"CPU packages: {cpu_note}"] if cpu_note else []
     return gpus + cpus, notes

@@ -189,3 +189,22 @@ def same_on_all_workers(strategy, fingerprint: str) -> bool:
 
     everyone = gather().numpy()
     return bool((everyone == local.numpy()).all())
+
+
+def gather_rows(strategy, row: list[float]):
+    """Every worker's `row` (float64), ordered by worker: (workers, len(row)) numpy array.
+    With several replicas per worker, each worker's first replica is kept."""
+    import tensorflow as tf
+
+    local = tf.constant([row], tf.float64)
+
+    @tf.function
+    def gather():
+        def replica():
+            return tf.distribute.get_replica_context().all_gather(local, axis=0)
+
+        return strategy.experimental_local_results(strategy.run(replica))[0]
+
+    rows = gather().numpy()
+    per_worker = len(rows) // max(1, strategy.extended._num_workers)  # replicas per worker
+    return rows[::per_worker]

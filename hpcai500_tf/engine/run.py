@@ -219,11 +219,29 @@ def start_power_sampling(hz: float, view=None) -> tuple[power.PowerSampler | Non
     return power.PowerSampler(sources, hz).start(), notes
 
 
+def _gather_energy(engine: Engine, progress: Progress, warnings: list[str]):
+    """Every worker's energy over this segment, gathered on all workers (a collective)."""
+    own = progress.energy[-1] if progress.energy else []
+    try:
+        rows = cluster.gather_rows(engine.strategy, power.worker_vector(own))
+    except tf.errors.OpError as error:
+        warnings.append(
+            f"the other workers' energy could not be gathered ({error.__class__.__name__})"
+        )
+        return [], []
+    return power.other_workers(rows.tolist())
+
+
 def energy_result(
-    progress: Progress, notes: list[str], hz: float, meter_log: str | None, workers: int = 1
+    progress: Progress,
+    notes: list[str],
+    hz: float,
+    meter_log: str | None,
+    other_workers: list[dict] = (),
 ) -> tuple[dict, list[str]]:
-    """The record's energy block over all timed segments, with a node meter log if given."""
-    measurements = power.combine_segments(progress.energy)
+    """The record's energy block over all timed segments, with a node meter log if given and
+    the other workers' nodes (their current segment) if any."""
+    measurements = power.combine_segments(progress.energy) + list(other_workers)
     warnings = []
     intervals = [(s["start"], s["stop"]) for s in progress.segments]
     if meter_log:
@@ -233,9 +251,8 @@ def energy_result(
         except UserError as error:
             warnings.append(f"meter log not used: {error}")
     interval_s = sum(stop - start for start, stop in intervals)
-    if workers > 1:
-        others = "worker 1" if workers == 2 else f"workers 1-{workers - 1}"
-        notes = [*notes, f"{others}: not sampled (only worker 0's node is)"]
+    if other_workers and meter_log:
+        notes = [*notes, "the meter log is worker 0's node: the other nodes are not in it"]
     block, more = power.energy_block(measurements, notes, interval_s, hz or None)
     if meter_log:
         block["meter_log"] = str(meter_log)
@@ -282,6 +299,15 @@ def train(
         # Every worker writes checkpoints (the variables are read collectively); only the
         # chief's are kept. The others write to a scratch directory, removed at the end.
         save_dir = Path(tempfile.mkdtemp(prefix=f"hpcai500-worker{rank}-"))
+    # Each worker's power readings; the others' beside their logs when the launcher made the
+    # run directory (under Slurm or a user's TF_CONFIG they do not know it).
+    samples_path = (
+        run_dir / POWER_SAMPLES
+        if chief
+        else Path(run_dir) / "workers" / f"power-samples-worker{rank}.csv"
+        if run_dir
+        else None
+    )
     mllog = MLLogger(run_dir / MLPERF_LOG if chief else None)
     engine.mllog = mllog
     if resume:
@@ -304,7 +330,7 @@ def train(
         warnings.append(f"{meter_log}: the meter log did not exist when the run started")
         if view:
             view.message(f"{meter_log} does not exist yet; it is read when the run ends")
-    sampler, notes = start_power_sampling(power_hz if chief else 0, view)
+    sampler, notes = start_power_sampling(power_hz, view)  # every worker samples its node
     try:
         engine.run(progress, save_dir, power=sampler)
     except Diverged as error:
@@ -331,12 +357,17 @@ def train(
             last = progress.segments[-1] if progress.segments else None
             if last:
                 progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
-            if sampler.sources:
-                sampler.write_samples(run_dir / POWER_SAMPLES)
+            if sampler.sources and samples_path:
+                sampler.write_samples(samples_path)
+    others, others_notes = [], []
+    if workers > 1 and not any("peer worker" in w for w in warnings):
+        others, others_notes = _gather_energy(engine, progress, warnings)
     if not chief:
         shutil.rmtree(save_dir, ignore_errors=True)
         return None, None
-    energy, energy_warnings = energy_result(progress, notes, power_hz, meter_log, workers)
+    energy, energy_warnings = energy_result(
+        progress, notes + others_notes, power_hz, meter_log, others
+    )
     warnings += energy_warnings
     mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
     mllog.close()
