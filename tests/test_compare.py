@@ -14,6 +14,8 @@ from hpcai500_tf import compare, mlperf_import, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
 
+from .test_data import imagenet_dir  # noqa: F401  (fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -241,4 +243,28 @@ def test_pytorch_runner_tiny_is_a_single_layer_comparison(tf_tiny, tmp_path):
     assert (
         torch_record["flops"]["analytical_per_example_forward"]
         == tf_record["flops"]["analytical_per_example_forward"]
+    )
+
+
+def test_pytorch_runner_reads_the_imagenet_tfrecord_shards(tmp_path, imagenet_dir):  # noqa: F811
+    pytest.importorskip("torch", reason="PyTorch is optional: pip install -e '.[torch]'")
+    overrides = [
+        "data.source=imagenet",
+        "data.train_examples=0",
+        "data.eval_examples=0",
+        "data.label_offset=1",
+        "data.num_classes=3",
+        "training.batch_per_replica=4",
+    ]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "torch_train.py"), "image_classification",
+         "--preset", "tiny", "--data", str(imagenet_dir), "--out", str(tmp_path),
+         *(f"--set={o}" for o in overrides)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (path,) = tmp_path.glob("*/record.json")
+    rec = record.load(path)
+    assert (
+        rec["layers"]["L9"]["dataset"] == "imagenet-1k" and rec["source"]["framework"] == "pytorch"
     )
