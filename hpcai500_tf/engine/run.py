@@ -325,7 +325,7 @@ def train(
     engine.warm_up(batch)
     if not resume:
         mllog.end("init_stop")
-    warnings, status = [], "completed"
+    warnings, status, peer_lost = [], "completed", False
     if chief and meter_log and not Path(meter_log).exists():
         warnings.append(f"{meter_log}: the meter log did not exist when the run started")
         if view:
@@ -345,7 +345,7 @@ def train(
             raise user_error from None
         if workers == 1 or not isinstance(error, PEER_LOST):
             raise
-        status = "stopped"
+        status, peer_lost = "stopped", True
         first_line = str(error).strip().splitlines()[-1][:300]
         warnings.append(
             f"lost contact with a peer worker ({error.__class__.__name__}: {first_line}); "
@@ -360,7 +360,7 @@ def train(
             if sampler.sources and samples_path:
                 sampler.write_samples(samples_path)
     others, others_notes = [], []
-    if workers > 1 and not any("peer worker" in w for w in warnings):
+    if workers > 1 and not peer_lost:  # a collective with a lost peer would fail
         others, others_notes = _gather_energy(engine, progress, warnings)
     if not chief:
         shutil.rmtree(save_dir, ignore_errors=True)
