@@ -296,11 +296,6 @@ def _roofline(args: argparse.Namespace) -> int:
     preset = run_record["preset"] if run_record else args.preset
     if args.batch is not None and args.batch < 1:
         raise UserError(f"--batch must be >= 1, got {args.batch}")
-    if benchmark != "image_classification":
-        raise UserError(
-            f"the roofline places image_classification workloads only ({benchmark}: its "
-            "non-square layers are not modelled yet); the ceilings do not depend on it"
-        )
     setup = config.prepare(benchmark, preset, [] if run_record else args.set)
     # The roofline reads no data (it times synthetic batches): the model and precision come
     # from the preset, or from the record's own config.
@@ -329,7 +324,8 @@ def _roofline(args: argparse.Namespace) -> int:
         setup, None if setup.config["data"]["source"] != "imagenet" else "/nonexistent"
     )
     say = console.print
-    measured = measure.ceilings(plan, measure.resnet50_conv_shapes(plan), say)
+    conv_shapes = measure.weather_conv_shapes(plan) + measure.resnet50_conv_shapes(plan)
+    measured = measure.ceilings(plan, conv_shapes, say)
     work = None
     if not args.no_workload:
         work = measure.workload_points(engine, plan.min_seconds, say)

@@ -304,9 +304,13 @@ def test_tiny_preset_trains_and_records(tiny_run):
     assert not rec["rankable"]
 
 
-def test_roofline_refuses_the_detector_in_one_line(capsys):
-    assert main(["roofline", "--quick", "--benchmark", "extreme_weather"]) == 2
-    assert "image_classification workloads only" in capsys.readouterr().err
+def test_random_data_is_a_throughput_only_run(tmp_path):
+    setup = config.prepare("extreme_weather", "tiny", ["data.source=random"])
+    from hpcai500_tf.engine import run
+
+    rec, _ = run.train(setup, None, tmp_path)
+    assert rec["quality"]["measured"] is False and rec["flops"]["total"] is None
+    assert rec["layers"]["L7"]["image_size"] == [32, 48]
 
 
 def test_reference_preset_needs_data(capsys):

@@ -5,8 +5,9 @@ import json
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf import layers
+from hpcai500_tf import config, layers
 from hpcai500_tf.cli import main
+from hpcai500_tf.engine.run import build_engine
 from hpcai500_tf.roofline import kernels, peaks, workload
 from hpcai500_tf.roofline.measure import QUICK, resnet50_conv_shapes
 
@@ -22,8 +23,9 @@ def test_chained_gemm_stays_below_the_machine_peak():
 
 
 def test_conv_passes_and_stream_measure_something():
-    shape = kernels.ConvShape("c", 2, 8, 8, 8, 3, 2)
-    assert shape.out_size == 4 and shape.flops() == 2 * 2 * 16 * 9 * 8 * 8
+    shape = kernels.ConvShape("c", 2, 8, 12, 8, 8, 3, 2)
+    assert (shape.out_height, shape.out_width) == (4, 6)
+    assert shape.flops() == 2 * 2 * 24 * 9 * 8 * 8 and shape.pixels == "8x12px"
     for direction in ("forward", "backward_input", "backward_filter"):
         rate, _ = kernels.conv(shape, "fp32", direction, min_seconds=0.01)
         assert rate > 0
@@ -52,8 +54,8 @@ def test_theoretical_peaks():
 
 def test_resnet50_shapes_and_step_traffic():
     shapes = resnet50_conv_shapes(QUICK)
-    assert [(s.size, s.cin) for s in shapes] == [(56, 64), (28, 128), (14, 256), (7, 512)]
-    one = kernels.ConvShape("c", 1, 4, 2, 3, 1, 1)
+    assert [(s.height, s.cin) for s in shapes] == [(56, 64), (28, 128), (14, 256), (7, 512)]
+    one = kernels.ConvShape("c", 1, 4, 4, 2, 3, 1, 1)
     # input 16x2, weights 2x3, output 16x3 elements; three passes of 4-byte values
     assert workload.step_traffic_bytes([(one, 2)], 4) == 2 * 3 * (32 + 6 + 48) * 4
 
@@ -129,3 +131,18 @@ def test_roofline_places_the_reference_model_without_data(tmp_path):
 def test_roofline_bad_input(tmp_path, capsys, args, message):
     assert main(["roofline", "--quick", "--out", str(tmp_path / "r"), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_weather_detector_is_placed_part_by_part():
+    from hpcai500_tf.roofline.measure import FULL, weather_conv_shapes
+
+    setup = config.prepare("extreme_weather", "smoke", ["data.source=random"])
+    engine = build_engine(setup, None)
+    shapes = dict((s.name, (s, n)) for s, n in workload.layer_shapes(engine.model, 8))
+    stem, _ = shapes["stem_conv"]
+    assert (stem.height, stem.width, stem.cin, stem.batch) == (64, 96, 16, 8)
+    head, _ = shapes["head_fc1"]
+    assert head.batch == 8 * engine.model.roi_batch  # once per sampled region
+    first = weather_conv_shapes(FULL)
+    assert first[0].pixels == "768x1152px" and first[0].cin == 16
+    assert weather_conv_shapes(QUICK) == []

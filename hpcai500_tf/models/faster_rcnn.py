@@ -304,6 +304,11 @@ class FasterRCNN(keras.Model):
 
     # ------------------------------------------------------------------ counting
 
+    def roofline_parts(self) -> list[tuple[keras.Model, int]]:
+        """The sub-models a train step runs, and how many times per image: the box head runs
+        once per sampled region."""
+        return [(self.backbone, 1), (self.rpn, 1), (self.head, self.roi_batch)]
+
     def analytical_forward_flops(self) -> float:
         """2 x multiply-adds of every convolution and dense layer for one image at inference
         (the box head once per proposal)."""

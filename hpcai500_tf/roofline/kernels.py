@@ -116,29 +116,42 @@ def gemm(
 
 @dataclass(frozen=True)
 class ConvShape:
-    """One convolution: NHWC input of `batch` x size x size x cin, kernel k x k x cin x cout."""
+    """One convolution: NHWC input of batch x height x width x cin, kernel k x k x cin x cout."""
 
     name: str
     batch: int
-    size: int
+    height: int
+    width: int
     cin: int
     cout: int
     kernel: int
     stride: int
 
     @property
-    def out_size(self) -> int:
-        return -(-self.size // self.stride)
+    def out_height(self) -> int:
+        return -(-self.height // self.stride)
+
+    @property
+    def out_width(self) -> int:
+        return -(-self.width // self.stride)
+
+    @property
+    def pixels(self) -> str:
+        """The input's spatial size for labels: 56px, or 768x1152px."""
+        if self.height == self.width:
+            return f"{self.height}px"
+        return f"{self.height}x{self.width}px"
 
     def flops(self) -> float:
-        return 2.0 * self.batch * self.out_size**2 * self.kernel**2 * self.cin * self.cout
+        outputs = self.batch * self.out_height * self.out_width
+        return 2.0 * outputs * self.kernel**2 * self.cin * self.cout
 
     def bytes(self, itemsize: int) -> float:
         """Minimum traffic of one pass: input, weights and output once each."""
         elements = (
-            self.batch * self.size**2 * self.cin
+            self.batch * self.height * self.width * self.cin
             + self.kernel**2 * self.cin * self.cout
-            + self.batch * self.out_size**2 * self.cout
+            + self.batch * self.out_height * self.out_width * self.cout
         )
         return float(elements * itemsize)
 
@@ -150,10 +163,10 @@ def conv(
     _set_tf32(dtype_name)
     dtype = DTYPES[dtype_name]
     s, k = shape, shape.kernel
-    x = tf.cast(tf.random.stateless_normal([s.batch, s.size, s.size, s.cin], [5, 6]), dtype)
+    x = tf.cast(tf.random.stateless_normal([s.batch, s.height, s.width, s.cin], [5, 6]), dtype)
     w = tf.cast(tf.random.stateless_normal([k, k, s.cin, s.cout], [7, 8]) * 0.01, dtype)
     dy = tf.cast(
-        tf.random.stateless_normal([s.batch, s.out_size, s.out_size, s.cout], [9, 1]), dtype
+        tf.random.stateless_normal([s.batch, s.out_height, s.out_width, s.cout], [9, 1]), dtype
     )
     strides = [1, s.stride, s.stride, 1]
     tiny = tf.constant(TINY, tf.float32)

@@ -43,10 +43,25 @@ def resnet50_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
     """The distinct convolution shapes of ResNet-50 v1.5 at 224x224 (SPEC: the IC model)."""
     from hpcai500_tf.models.resnet import resnet50_v15
 
-    shapes = [s for s, _ in workload.layer_shapes(resnet50_v15(), plan.conv_batch) if s.size > 1]
+    shapes = [s for s, _ in workload.layer_shapes(resnet50_v15(), plan.conv_batch) if s.height > 1]
     if plan.conv_shapes == "stage_3x3":
         shapes = [s for s in shapes if s.kernel == 3 and s.stride == 1]
     return shapes
+
+
+def weather_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
+    """The extreme-weather detector's first layers at the published resolution (768 x 1152 x
+    16 channels, batch 1): the stem and the first bottleneck, the largest maps it convolves.
+    Full sweep only (they take seconds each)."""
+    if plan.conv_shapes != "all":
+        return []
+    import keras
+
+    from hpcai500_tf.models.resnet import resnet_backbone
+
+    images = keras.Input((768, 1152, 16))
+    first_stage = keras.Model(images, resnet_backbone(images)[0])
+    return [s for s, _ in workload.layer_shapes(first_stage, 1)]
 
 
 def _fits(bytes_needed: float) -> bool:
@@ -107,7 +122,7 @@ def ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -
                     }
                 )
             say(
-                f"{dtype} conv {shape.kernel}x{shape.kernel}/{shape.stride} {shape.size:3d}px "
+                f"{dtype} conv {shape.kernel}x{shape.kernel}/{shape.stride} {shape.pixels:>5s} "
                 f"{shape.cin:4d}->{shape.cout:<4d} fwd/bwd-in/bwd-filter "
                 + " / ".join(f"{r / 1e9:.1f}" for r in rates)
                 + " GFLOP/s"

@@ -13,25 +13,27 @@ from hpcai500_tf.roofline.kernels import ConvShape, conv
 
 
 def layer_shapes(model: keras.Model, batch: int) -> list[tuple[ConvShape, int]]:
-    """Unique (shape, how many layers share it) of every Conv2D and Dense layer."""
+    """Unique (shape, how many layers share it) of every Conv2D and Dense layer. A model made
+    of parts (e.g. Faster R-CNN: backbone, RPN, and a box head run once per sampled region)
+    names them and how many times each runs per example with `roofline_parts()`."""
     unique: dict[tuple, list] = {}
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.Conv2D):
-            shape = ConvShape(
-                layer.name,
-                batch,
-                layer.input.shape[1],
-                layer.input.shape[-1],
-                layer.filters,
-                layer.kernel_size[0],
-                layer.strides[0],
-            )
-        elif isinstance(layer, keras.layers.Dense):
-            shape = ConvShape(layer.name, batch, 1, layer.input.shape[-1], layer.units, 1, 1)
-        else:
-            continue
-        key = (shape.size, shape.cin, shape.cout, shape.kernel, shape.stride)
-        unique.setdefault(key, [shape, 0])[1] += 1
+    parts = model.roofline_parts() if hasattr(model, "roofline_parts") else [(model, 1)]
+    for part, per_example in parts:
+        for layer in part.layers:
+            rows = batch * per_example
+            if isinstance(layer, keras.layers.Conv2D):
+                _, height, width, cin = layer.input.shape
+                shape = ConvShape(
+                    layer.name, rows, height, width, cin, layer.filters,
+                    layer.kernel_size[0], layer.strides[0],
+                )  # fmt: skip
+            elif isinstance(layer, keras.layers.Dense):
+                shape = ConvShape(layer.name, rows, 1, 1, layer.input.shape[-1], layer.units, 1, 1)
+            else:
+                continue
+            key = (shape.batch, shape.height, shape.width, shape.cin, shape.cout)
+            key += (shape.kernel, shape.stride)
+            unique.setdefault(key, [shape, 0])[1] += 1
     return [(shape, count) for shape, count in unique.values()]
 
 
@@ -53,7 +55,7 @@ def layer_points(
         points.append(
             {
                 "layer": (
-                    f"{shape.kernel}x{shape.kernel}/{shape.stride} {shape.size}px "
+                    f"{shape.kernel}x{shape.kernel}/{shape.stride} {shape.pixels} "
                     f"{shape.cin}->{shape.cout}"
                 ),
                 "count": count,

@@ -19,17 +19,22 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.mean_average_precision import mean_average_precision
 from hpcai500_tf.models.faster_rcnn import FasterRCNN
 
-DATASET_NAMES = {"hdf5": "extremeweather", "synthetic": "synthetic-extremeweather"}
+DATASET_NAMES = {
+    "hdf5": "extremeweather",
+    "synthetic": "synthetic-extremeweather",
+    "random": "random (quality not measured)",
+}
+RANDOM_EPOCH = 1024  # examples per epoch of random data when synthetic_samples is 0
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str  # hdf5 | synthetic
+    source: str  # hdf5 | synthetic | random (throughput only, no files)
     train_years: list[int]
     eval_years: list[int]
     downsample: int  # average f x f pixel blocks (boxes scaled with them)
-    synthetic_samples: int  # per year file, synthetic only
-    synthetic_height: int
+    synthetic_samples: int  # per year file (synthetic and random)
+    synthetic_height: int  # synthetic and random images, before downsampling
     synthetic_width: int
 
     def check(self) -> str | None:
@@ -41,10 +46,10 @@ class DataConfig:
             return "a year cannot be in both train_years and eval_years"
         if self.downsample < 1:
             return f"downsample must be >= 1, got {self.downsample}"
-        if self.source == "synthetic" and (
-            self.synthetic_samples < 1 or min(self.synthetic_height, self.synthetic_width) < 32
-        ):
-            return "synthetic data need samples >= 1 and height, width >= 32"
+        if self.source != "hdf5" and min(self.synthetic_height, self.synthetic_width) < 32:
+            return "synthetic and random images need height and width >= 32"
+        if self.source == "synthetic" and self.synthetic_samples < 1:
+            return "synthetic data need synthetic_samples >= 1"
         return None
 
 
@@ -94,6 +99,17 @@ class ExtremeWeather:
     def __init__(self, preset: dict, data_dir: str | None):
         self.data = d = section(DataConfig, preset.get("data"), "data")
         self.model_config = section(ModelConfig, preset.get("model"), "model")
+        if d.source == "random":
+            if data_dir is not None:
+                raise UserError("random data read no files: drop --data")
+            self.image_size = (
+                d.synthetic_height // d.downsample,
+                d.synthetic_width // d.downsample,
+            )
+            self.train_examples = (d.synthetic_samples or RANDOM_EPOCH) * len(d.train_years)
+            self.eval_examples = (d.synthetic_samples or RANDOM_EPOCH) * len(d.eval_years)
+            self.data_dir = None
+            return
         if d.source == "hdf5":
             if data_dir is None:
                 raise UserError("this preset reads ExtremeWeather .h5 files: pass --data DIR")
@@ -132,7 +148,9 @@ class ExtremeWeather:
         shapes[path.name] = (height, width)
         return count
 
-    measures_quality = True
+    @property
+    def measures_quality(self) -> bool:
+        return self.data.source != "random"
 
     def build_model(self):
         m = self.model_config
@@ -159,6 +177,14 @@ class ExtremeWeather:
         return (*self.image_size, len(ew.CHANNELS))
 
     def dataset(self, training: bool, seed: int, shard: tuple[int, int]) -> tf.data.Dataset:
+        if self.data.source == "random":  # one example repeated: input cost ~0
+            image = tf.random.stateless_normal([*self.input_shape()], [seed, 0])
+            height, width = self.image_size
+            boxes = -tf.ones([ew.MAX_BOXES, 5])
+            boxes = tf.tensor_scatter_nd_update(
+                boxes, [[0]], [[height / 4, width / 4, 3 * height / 4, 3 * width / 4, 1.0]]
+            )
+            return tf.data.Dataset.from_tensors((image, boxes)).repeat()
         files = self.train_files if training else self.eval_files
         counts = self.train_counts if training else self.eval_counts
         return ew.dataset(
