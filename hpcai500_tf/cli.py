@@ -324,7 +324,7 @@ def _roofline(args: argparse.Namespace) -> int:
         setup, None if setup.config["data"]["source"] != "imagenet" else "/nonexistent"
     )
     say = console.print
-    conv_shapes = measure.weather_conv_shapes(plan) + measure.resnet50_conv_shapes(plan)
+    conv_shapes = measure.resnet50_conv_shapes(plan) + measure.weather_conv_shapes(plan)
     measured = measure.ceilings(plan, conv_shapes, say)
     work = None
     if not args.no_workload:

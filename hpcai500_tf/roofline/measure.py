@@ -102,13 +102,20 @@ def ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -
             rate, timing, layout = kernels.gemm(n, dtype, plan.min_seconds)
             gemm.append({"n": n, "flops": rate, "spread": timing.spread, "layout": layout})
             say(f"{dtype} gemm {n:5d} {rate / 1e9:9.1f} GFLOP/s ({layout})")
-        convs = []
+        convs, slowest = [], None
         for index, shape in enumerate(conv_shapes):
             if time.perf_counter() > deadline:
                 skipped[f"{dtype} conv"] = (
                     f"time bound reached after {index} of {len(conv_shapes)} shapes"
                 )
                 break
+            # Its three passes, a few repetitions each at the slowest pass rate seen so far,
+            # must fit the time left: one TensorFlow call cannot be interrupted.
+            if slowest and 3 * 3 * shape.flops() / slowest > deadline - time.perf_counter():
+                skipped[f"{dtype} conv {shape.name} {shape.pixels}"] = (
+                    "beyond this dtype's time bound"
+                )
+                continue
             rates = []
             for direction in ("forward", "backward_input", "backward_filter"):
                 rate, timing = kernels.conv(shape, dtype, direction, plan.min_seconds)
@@ -121,6 +128,7 @@ def ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -
                         "spread": timing.spread,
                     }
                 )
+            slowest = min(rates) if slowest is None else min(slowest, *rates)
             say(
                 f"{dtype} conv {shape.kernel}x{shape.kernel}/{shape.stride} {shape.pixels:>5s} "
                 f"{shape.cin:4d}->{shape.cout:<4d} fwd/bwd-in/bwd-filter "
