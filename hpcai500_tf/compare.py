@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from hpcai500_tf import config, scoring
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.record import LAYER_KEYS
+from hpcai500_tf.record import LAYER_KEYS, training_throughput
 
 _MISSING = "(absent)"
 
@@ -87,17 +87,6 @@ def _verdict(a: dict, b: dict, differing: list[str], unknown: list[str]) -> tupl
     return True, f"valid single-layer comparison: only {named[0]} differs"
 
 
-def _throughput(record: dict) -> float | None:
-    epochs = record["timeline"]["epochs"]
-    if not epochs:
-        return None
-    if all("seconds" in epoch for epoch in epochs):
-        seconds = sum(epoch["seconds"] for epoch in epochs)
-    else:
-        seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
-    return epochs[-1]["examples"] / seconds if seconds > 0 else None
-
-
 def _score(record: dict, cap: bool) -> scoring.Score | None:
     try:
         return scoring.score(record, config.load_benchmark(record["benchmark"]), cap=cap)
@@ -116,7 +105,12 @@ def metrics(a: dict, b: dict, cap: bool = False) -> list[Metric]:
 
     quality_a, quality_b = a["quality"], b["quality"]
     return [
-        Metric("Training throughput", "examples/s", _throughput(a), _throughput(b)),
+        Metric(
+            "Training throughput",
+            "examples/s",
+            training_throughput(a),
+            training_throughput(b),
+        ),
         Metric("Time to quality", "s", *from_score("time_to_quality_s")),
         Metric("Quality at time to quality", quality_a["metric"], *from_score("quality")),
         Metric("Final quality", quality_a["metric"], quality_a["final"], quality_b["final"]),

@@ -293,3 +293,16 @@ def quality_result(
         examples_to_quality=point["examples"],
     )
     return result
+
+
+def training_throughput(record: dict) -> float | None:
+    """Examples per second of training: the epochs' own training time where the record has
+    it (evaluation and checkpoints left out), else the whole timed run (imported records)."""
+    epochs = record["timeline"]["epochs"]
+    if not epochs:
+        return None
+    if all("seconds" in epoch for epoch in epochs):
+        seconds = sum(epoch["seconds"] for epoch in epochs)
+    else:
+        seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
+    return epochs[-1]["examples"] / seconds if seconds > 0 else None

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.record import training_throughput
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,8 @@ def point(path: str, record: dict) -> Point:
     workers, global_batch = l6.get("workers"), l6.get("global_batch")
     if not isinstance(workers, int) or not isinstance(global_batch, int) or workers < 1:
         raise UserError(f"{path}: the record gives no worker count and global batch (layers.L6)")
-    epochs = record["timeline"]["epochs"]
-    if all("seconds" in epoch for epoch in epochs):
-        seconds = sum(epoch["seconds"] for epoch in epochs)
-    else:  # records of other tools: the whole timed run
-        seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
-    if not epochs or seconds <= 0:
+    throughput = training_throughput(record)
+    if throughput is None:
         raise UserError(f"{path}: the run trained no full epoch: no throughput to scale")
     quality = record["quality"]
     return Point(
@@ -68,7 +65,7 @@ def point(path: str, record: dict) -> Point:
         workers=workers,
         global_batch=global_batch,
         batch_per_worker=global_batch // workers,
-        throughput=epochs[-1]["examples"] / seconds,
+        throughput=throughput,
         time_to_quality_s=quality["time_to_quality_s"] if quality["reached_target"] else None,
         reached_target=quality["reached_target"],
     )

@@ -89,16 +89,13 @@ class PowerSampler:
             readings = list(self.readings[source.name])
             measured = energy_over(readings, source.kind, intervals, source.wrap_j)
             results.append(
-                {
-                    **_identity(source, self.worker),
-                    "joules": measured.joules,
-                    "covered_s": measured.covered_s,
-                    "samples": measured.samples,
-                    "sample_hz": measured.sample_hz,
-                    "failed_reads": self.failed[source.name],
-                    "first_error": self.first_error.get(source.name),
-                    "counter_faults": measured.counter_faults,
-                }
+                _measurement(
+                    source,
+                    self.worker,
+                    measured,
+                    self.failed[source.name],
+                    self.first_error.get(source.name),
+                )
             )
         return results
 
@@ -126,22 +123,27 @@ def _identity(source: Source, worker: int) -> dict:
     }
 
 
+def _measurement(source: Source, worker: int, measured, failed_reads: int, first_error) -> dict:
+    """One source's energy over the run, as plain data for the record (and across resumes)."""
+    return {
+        **_identity(source, worker),
+        "joules": measured.joules,
+        "covered_s": measured.covered_s,
+        "samples": measured.samples,
+        "sample_hz": measured.sample_hz,
+        "failed_reads": failed_reads,
+        "first_error": first_error,
+        "counter_faults": measured.counter_faults,
+    }
+
+
 def meter_measurement(
     readings: list[tuple[float, float]], intervals: list[tuple[float, float]], path: str
 ) -> dict:
     """A node meter log's energy over the run, in the same form as a sampled source's."""
     source = Source("meter", NODE, "power", f"node meter log {path}")
     measured = energy_over(readings, "power", intervals)
-    return {
-        **_identity(source, 0),
-        "joules": measured.joules,
-        "covered_s": measured.covered_s,
-        "samples": measured.samples,
-        "sample_hz": measured.sample_hz,
-        "failed_reads": 0,
-        "first_error": None,
-        "counter_faults": 0,
-    }
+    return _measurement(source, 0, measured, failed_reads=0, first_error=None)
 
 
 def combine_segments(segments: list[list[dict]]) -> list[dict]:

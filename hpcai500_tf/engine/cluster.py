@@ -72,18 +72,6 @@ def check_port_free(address: str) -> None:
         probe.close()
 
 
-def worker_count(config: dict) -> int:
-    return sum(len(addresses) for addresses in config["cluster"].values())
-
-
-def task_rank(config: dict) -> int:
-    """0 for the chief (or worker 0 when there is no chief); the record is written there."""
-    task = config["task"]
-    if task["type"] == "chief":
-        return 0
-    return task["index"] + len(config["cluster"].get("chief", []))
-
-
 def under_slurm() -> bool:
     """Whether this process is one of several tasks of a Slurm step (`srun`)."""
     tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or "1"
