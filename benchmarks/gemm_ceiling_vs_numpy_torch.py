@@ -4,6 +4,10 @@ torch. Every side chains each multiply on the previous result, tries B as stored
 and reports the best median GFLOP/s over the sizes.
 
     python benchmarks/gemm_ceiling_vs_numpy_torch.py [--sizes 512,1024,2048] [--seconds 0.5]
+        [--threads N]
+
+`--threads 1` compares the kernels themselves, with no threading runtime in between
+(TensorFlow's oneDNN runs on its own thread pool, torch's on OpenMP).
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, if set on this machine, slow numpy's OpenBLAS: unset
 both for this command alone to measure numpy at its best (the script reports the kernel
@@ -44,13 +48,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="512,1024,2048")
     parser.add_argument("--seconds", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, help="threads for every side (default: all)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sizes = [int(s) for s in args.sizes.split(",")]
     import numpy as np
+    import tensorflow as tf
     import torch
 
     from hpcai500_tf.roofline import kernels
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        torch.set_num_threads(args.threads)
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)
 
     best = {}
     for n in sizes:

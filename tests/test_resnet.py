@@ -64,3 +64,38 @@ def test_fused_batch_norm_takes_bfloat16_activations():
     layer = resnet.FusedBatchNorm(dtype="mixed_bfloat16")
     y = layer(tf.cast(tf.random.normal([4, 3, 3, 2]), tf.bfloat16), training=True)
     assert y.dtype == tf.bfloat16 and layer.gamma.dtype == "float32"
+
+
+@pytest.mark.parametrize("kernel,strides", [(1, 1), (1, 2), (3, 1), (3, 2)])
+def test_conv_layer_gives_keras_outputs_and_gradients(kernel, strides):
+    """1x1 stride-1 layers take their filter gradient from a matmul; all must match Keras."""
+    x = tf.random.stateless_normal([3, 7, 6, 5], [3, 4])
+    ours = resnet.Conv2D(4, kernel, strides=strides, padding="same", use_bias=False)
+    stock = keras.layers.Conv2D(4, kernel, strides=strides, padding="same", use_bias=False)
+    ours.build(x.shape)
+    stock.build(x.shape)
+    stock.kernel.assign(ours.kernel)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        y_ours, y_stock = ours(x), stock(x)
+        loss_ours = tf.reduce_sum(y_ours * tf.sin(y_ours))
+        loss_stock = tf.reduce_sum(y_stock * tf.sin(y_stock))
+    np.testing.assert_allclose(y_ours, y_stock, atol=1e-5)
+    for mine, theirs in zip(
+        tape.gradient(loss_ours, [x, ours.kernel]),
+        tape.gradient(loss_stock, [x, stock.kernel]),
+        strict=True,
+    ):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_conv_trains_in_bfloat16():
+    layer = resnet.Conv2D(6, 1, use_bias=False, dtype="mixed_bfloat16")
+    x = tf.cast(tf.random.stateless_normal([2, 4, 4, 3], [5, 6]), tf.bfloat16)
+    with tf.GradientTape() as tape:
+        y = layer(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+    (gradient,) = tape.gradient(loss, [layer.kernel])
+    expected = tf.einsum("bhwi,bhwo->io", tf.cast(x, tf.float32), 2 * tf.cast(y, tf.float32))
+    assert y.dtype == tf.bfloat16 and gradient.dtype == tf.float32
+    np.testing.assert_allclose(gradient[0, 0], expected, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,78 @@
+"""The filter gradient of ResNet-50 v1.5's 1x1, stride-1 convolutions: TensorFlow's
+Conv2DBackpropFilter against the matrix product the model uses instead
+(`models/resnet.py: pointwise_filter_gradient`), at batch 32 and 224x224, per precision.
+
+Both sides run eagerly on the same tensors, interleaved, median of repeated calls after a
+warm-up; each call is synced by reading one value back. Prints each unique shape and the
+FLOP-weighted total (time over all 1x1 layers of the model, counting repeats).
+
+    python benchmarks/filter_gradient.py [--batch 32] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def median_seconds(function, arguments: tuple, repeats: int) -> float:
+    function(*arguments).numpy().flat[0]  # warm-up: primitive creation, allocation
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function(*arguments).numpy().flat[0]
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from hpcai500_tf.models.resnet import pointwise_filter_gradient, resnet50_v15
+    from hpcai500_tf.roofline.workload import layer_shapes
+
+    def native_filter_gradient(inputs, upstream):
+        return tf.raw_ops.Conv2DBackpropFilter(
+            input=inputs,
+            filter_sizes=[1, 1, inputs.shape[-1], upstream.shape[-1]],
+            out_backprop=upstream,
+            strides=[1, 1, 1, 1],
+            padding="VALID",
+        )
+
+    shapes = [
+        (shape, count)
+        for shape, count in layer_shapes(resnet50_v15(), args.batch)
+        if shape.kernel == 1 and shape.stride == 1 and shape.height > 1
+    ]
+    for dtype in (tf.float32, tf.bfloat16):
+        totals = {"native": 0.0, "matmul": 0.0}
+        print(f"{dtype.name}: 1x1 filter gradient, batch {args.batch} (GFLOP/s)")
+        for shape, count in shapes:
+            dims = [shape.batch, shape.height, shape.width]
+            inputs = tf.cast(tf.random.normal(dims + [shape.cin]), dtype)
+            upstream = tf.cast(tf.random.normal(dims + [shape.cout]), dtype)
+            native = median_seconds(native_filter_gradient, (inputs, upstream), args.repeats)
+            matmul = median_seconds(pointwise_filter_gradient, (inputs, upstream), args.repeats)
+            totals["native"] += native * count
+            totals["matmul"] += matmul * count
+            print(
+                f"  {shape.pixels:>5s} {shape.cin:4d}->{shape.cout:<4d} x{count:<2d}  "
+                f"Conv2DBackpropFilter {shape.flops() / native / 1e9:7.1f}  "
+                f"matmul {shape.flops() / matmul / 1e9:7.1f}  speed-up {native / matmul:.2f}x"
+            )
+        print(
+            f"  all 1x1 layers: {totals['native'] * 1e3:.1f} ms native, "
+            f"{totals['matmul'] * 1e3:.1f} ms matmul -> {totals['native'] / totals['matmul']:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
