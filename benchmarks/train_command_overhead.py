@@ -3,7 +3,9 @@ against a bare loop over the same engine's train step, on the same data and step
 
 Random data keeps evaluation out of both (a throughput-only run evaluates nothing), so the
 difference is the command's own cost. Each measurement runs in its own process; the two
-kinds alternate over rounds. Reports the median examples/s of each and full/bare.
+kinds alternate over rounds. Reports the median examples/s of each, full/bare of those medians,
+and the median of the per-round full/bare ratios (a round's two runs are neighbours in time, so
+that ratio is the one least moved by drift on a shared machine).
 
     python benchmarks/train_command_overhead.py [--preset smoke] [--epochs 3] [--rounds 3]
         [--set data.train_examples=16384]
@@ -120,7 +122,12 @@ def main() -> None:
         f"  bare step loop     {bare:8.1f} examples/s   (runs: "
         f"{', '.join(f'{r:.1f}' for r in rates['bare'])})"
     )
-    print(f"  full / bare        {full / bare:.3f}x")
+    round_ratios = [f / b for f, b in zip(rates["full"], rates["bare"], strict=True)]
+    print(
+        f"  full / bare        {full / bare:.3f}x; per round "
+        + " ".join(f"{r:.3f}" for r in round_ratios)
+        + f", median {statistics.median(round_ratios):.3f}x"
+    )
 
 
 if __name__ == "__main__":
