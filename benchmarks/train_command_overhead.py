@@ -2,16 +2,17 @@
 against a bare loop over the same engine's train step, on the same data and steps.
 
 Random data keeps evaluation out of both (a throughput-only run evaluates nothing), so the
-difference is the command's own cost. Each measurement runs in its own process; the two
-kinds alternate over rounds. Reports the median examples/s of each, full/bare of those medians,
-and the median of the per-round full/bare ratios (a round's two runs are neighbours in time, so
-that ratio is the one least moved by drift on a shared machine).
+difference is the command's own cost. Each measurement runs in its own process; each round
+runs both kinds, the first alternating from round to round. Reports the median examples/s of
+each, full/bare of those medians, and the median of the per-round full/bare ratios (a round's
+two runs are neighbours in time, so that ratio is the one least moved by drift on a shared
+machine).
 
     python benchmarks/train_command_overhead.py [--preset smoke] [--epochs 3] [--rounds 3]
         [--set data.train_examples=16384]
 
-A checkpoint costs a fixed ~0.1-0.2 s here (per variable, not per byte), so on the smoke
-preset's 4-second epochs it shows as a few percent; longer epochs amortise it.
+A checkpoint costs ~0.03-0.1 s here (written by a traced function), so on the smoke
+preset's 4-second epochs it shows as about one percent; longer epochs amortise it.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def main() -> None:
         print(json.dumps({"examples_per_s": rate}))
         return
     rates = {"full": [], "bare": []}
-    for _ in range(args.rounds):
-        for kind in ("full", "bare"):
+    for round_index in range(args.rounds):
+        # Alternate which goes first, so a drift within a round favours neither.
+        for kind in ("full", "bare") if round_index % 2 == 0 else ("bare", "full"):
             result = subprocess.run(
                 [
                     sys.executable,

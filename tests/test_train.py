@@ -146,6 +146,27 @@ def test_resume_continues_without_double_counting(tmp_path):
     assert done["timeline"]["epochs"][2]["examples"] == 3 * 256 // 32 * 32
 
 
+def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
+    import numpy as np
+
+    from hpcai500_tf.engine.loop import Progress
+
+    setup = config.prepare("image_classification", "tiny", [])
+    engine = run.build_engine(setup, None)
+    engine.warm_up_checkpoints()
+    batches = engine.train_batches()
+    engine.train_step(*next(batches))
+    engine.save(tmp_path, Progress(config_fingerprint="x", epochs_done=1))
+    variables = [*engine.model.variables, *engine.optimizer.variables]
+    saved = [v.numpy().copy() for v in variables]
+    engine.train_step(*next(batches))
+    assert any(not np.array_equal(s, v.numpy()) for s, v in zip(saved, variables, strict=True))
+    progress = engine.restore(tmp_path, "x")
+    assert progress.epochs_done == 1
+    for value, variable in zip(saved, variables, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.path)
+
+
 def test_resume_with_another_config_is_refused(tmp_path, capsys):
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
     _, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(2))

@@ -323,6 +323,8 @@ def train(
     batch = engine.synthetic_batch()
     flops = measure_flops(engine, batch)
     engine.warm_up(batch)
+    if setup.training.checkpoint_every:
+        engine.warm_up_checkpoints()
     if not resume:
         mllog.end("init_stop")
     warnings, status, peer_lost = [], "completed", False
