@@ -99,3 +99,50 @@ def test_pointwise_conv_trains_in_bfloat16():
     expected = tf.einsum("bhwi,bhwo->io", tf.cast(x, tf.float32), 2 * tf.cast(y, tf.float32))
     assert y.dtype == tf.bfloat16 and gradient.dtype == tf.float32
     np.testing.assert_allclose(gradient[0, 0], expected, rtol=2e-2, atol=2e-2)
+
+
+def test_bfloat16_relu_matches_tensorflow_relu_and_its_gradient():
+    special = [np.inf, -np.inf, np.nan, 0.0, -0.0, 3e38, -3e38]
+    x = tf.cast(
+        tf.concat([tf.random.stateless_normal([200], [7, 8]) * 10, tf.constant(special)], 0),
+        tf.bfloat16,
+    )
+    upstream = tf.cast(tf.random.stateless_normal(x.shape, [9, 10]), tf.bfloat16)
+    layer = resnet.ReLU(dtype="mixed_bfloat16")
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        ours, stock = layer(x), tf.nn.relu(x)
+    assert ours.dtype == tf.bfloat16
+    np.testing.assert_array_equal(tf.cast(ours, tf.float32), tf.cast(stock, tf.float32))
+    np.testing.assert_array_equal(
+        tf.cast(tape.gradient(ours, x, upstream), tf.float32),
+        tf.cast(tape.gradient(stock, x, upstream), tf.float32),
+    )
+    # Subnormals: TensorFlow's kernel treats them as 0 (it passes -1e-40, zeroes 1e-40);
+    # the bit max is the exact ReLU.
+    tiny = tf.cast(tf.constant([1e-40, -1e-40]), tf.bfloat16)
+    assert tf.cast(layer(tiny), tf.float32).numpy().tolist() == [float(tiny[0]), 0.0]
+    capped = resnet.ReLU(max_value=6.0, dtype="mixed_bfloat16")(x)  # not plain: the stock layer
+    assert float(tf.reduce_max(tf.boolean_mask(capped, tf.math.is_finite(capped)))) == 6.0
+
+
+@pytest.mark.parametrize("height,kernel", [(1, 3), (2, 3), (3, 7)])
+def test_strided_bfloat16_conv_over_one_column_has_a_finite_right_gradient(height, kernel):
+    """oneDNN's bfloat16 filter gradient is garbage at these shapes; the layer avoids it."""
+    x = tf.random.stateless_normal([32, height, 1, 16], [1, 2])
+    ours = resnet.Conv2D(16, kernel, strides=2, padding="same", use_bias=False)
+    ours_bf16 = resnet.Conv2D(
+        16, kernel, strides=2, padding="same", use_bias=False, dtype="mixed_bfloat16"
+    )
+    ours.build(x.shape)
+    ours_bf16.build(x.shape)
+    ours_bf16.kernel.assign(ours.kernel)
+    with tf.GradientTape() as tape:
+        expected = tf.reduce_sum(keras.ops.sin(ours(x)))
+    (expected_gradient,) = tape.gradient(expected, [ours.kernel])
+    for _ in range(10):  # the garbage comes and goes from call to call
+        with tf.GradientTape() as tape:
+            y = ours_bf16(tf.cast(x, tf.bfloat16))
+            loss = tf.reduce_sum(keras.ops.sin(tf.cast(y, tf.float32)))
+        (gradient,) = tape.gradient(loss, [ours_bf16.kernel])
+        np.testing.assert_allclose(gradient, expected_gradient, rtol=0.05, atol=0.3)

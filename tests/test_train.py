@@ -1,6 +1,7 @@
 """The `train` command end to end on the tiny preset: record, MLPerf log, resume, divergence."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,32 @@ def test_diverged_loss_ends_the_run_non_zero(tmp_path, monkeypatch, capsys):
     assert rec["status"] == "diverged" and "loss became nan" in rec["warnings"][0]
     with pytest.raises(UserError, match="status is 'diverged'"):
         scoring.score(rec, config.load_benchmark("image_classification"))
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-4])
+def test_a_nan_weight_shows_in_the_loss_even_when_the_forward_pass_hides_it(
+    monkeypatch, weight_decay
+):
+    """The loss the run checks carries every weight's finiteness, decayed or not."""
+    import tensorflow as tf
+
+    original = ImageClassification.loss
+
+    def scrubbing(self, labels, logits, smoothing):  # a forward pass that hides NaNs
+        return original(self, labels, tf.where(tf.math.is_nan(logits), 0.0, logits), smoothing)
+
+    monkeypatch.setattr(ImageClassification, "loss", scrubbing)
+    setup = config.prepare(
+        "image_classification",
+        "tiny",
+        [f"optimizer.weight_decay={weight_decay}", "optimizer.decay_all_variables=false"],
+    )
+    engine = run.build_engine(setup, None)
+    batches = engine.train_batches()
+    assert math.isfinite(float(engine.train_step(*next(batches))))
+    gamma = next(v for v in engine.model.trainable_variables if v.path.endswith("stem_bn/gamma"))
+    gamma.assign(tf.fill(gamma.shape, float("nan")))
+    assert math.isnan(float(engine.train_step(*next(batches))))
 
 
 def test_random_data_is_throughput_only(tmp_path):

@@ -107,6 +107,9 @@ class Engine:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)
         self.decayed = optimizers.decayed_variables(self.model, optimizer.decay_all_variables)
+        # Variables whose finiteness the loss does not already carry (through weight decay).
+        decayed_ids = {id(v) for v in self.decayed} if optimizer.weight_decay else set()
+        self.unchecked = [v for v in self.model.trainable_variables if id(v) not in decayed_ids]
         self.train_step = tf.function(self._train_step, jit_compile=training.xla)
         self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
@@ -132,7 +135,19 @@ class Engine:
         variables = self.model.trainable_variables
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply(gradients, variables)
-        return loss
+        return loss + self._weights_finite_check()
+
+    def _weights_finite_check(self):
+        """0, or NaN once any weight is NaN or Inf: added to the loss that the run checks.
+
+        A NaN can vanish from the forward pass (the bfloat16 ReLU in `models.resnet` zeroes
+        NaNs with the sign bit set), but it turns the gradients of the batch norm before it,
+        and so the weights, into NaN; through weight decay or this check the loss shows it
+        one step later. Weight decay covers the variables it decays; this sums the rest."""
+        if not self.unchecked:
+            return 0.0
+        total = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in self.unchecked])
+        return 0.0 * total
 
     def _train_step(self, images, labels):
         losses = self.strategy.run(self._replica_train_step, (images, labels))
