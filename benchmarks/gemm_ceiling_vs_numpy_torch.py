@@ -1,7 +1,8 @@
 """The roofline's measured GEMM ceiling (TensorFlow) against numpy.matmul and torch.matmul on
 the same machine, in the same run: fp32 against the best of numpy and torch, bf16 against
-torch. Every side chains each multiply on the previous result, tries B as stored and transposed,
-and reports the best median GFLOP/s over the sizes.
+torch. Each side runs in a process of its own, chains each multiply on the previous result,
+tries B as stored and transposed, and reports the best median GFLOP/s over the sizes; the
+builds measured (TensorFlow, numpy's BLAS, torch: CPU-only or CUDA) are printed first.
 
     python benchmarks/gemm_ceiling_vs_numpy_torch.py [--sizes 512,1024,2048] [--seconds 0.5]
         [--threads N]
@@ -17,9 +18,16 @@ numpy's BLAS uses, through threadpoolctl when installed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("tensorflow", "numpy", "torch")
 
 
 def chained_rate(multiply, start, n: int, seconds: float) -> float:
@@ -44,48 +52,104 @@ def chained_rate(multiply, start, n: int, seconds: float) -> float:
     return 2 * n**3 / statistics.median(samples)
 
 
+def measure(side: str, sizes: list[int], seconds: float, threads: int | None) -> dict:
+    """GFLOP/s of one side ("tensorflow", "numpy" or "torch") per size and dtype. Each side
+    runs in a process of its own: TensorFlow and a CUDA build of torch must not share one
+    (see tools/torch_data.py)."""
+    import numpy as np
+
+    if threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)
+    results, about = {}, {}
+    if side == "tensorflow":
+        import tensorflow as tf
+
+        from hpcai500_tf.roofline import kernels
+
+        if threads:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        about["build"] = f"TensorFlow {tf.__version__}"
+    elif side == "torch":
+        import torch
+
+        sys.path.insert(0, str(ROOT / "tools"))
+        from torch_build import torch_build
+
+        if threads:
+            torch.set_num_threads(threads)
+        about["build"] = torch_build(torch)
+    else:
+        try:
+            from threadpoolctl import threadpool_info
+
+            blas = [
+                f"{i.get('internal_api')} {i.get('architecture', '')}"
+                for i in threadpool_info()
+                if i.get("user_api") == "blas"
+            ]
+            about["build"] = f"numpy {np.__version__}, BLAS: " + (", ".join(blas) or "unknown")
+        except ImportError:
+            about["build"] = f"numpy {np.__version__}, BLAS: threadpoolctl not installed"
+    for n in sizes:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = (rng.standard_normal((n, n), dtype=np.float32) / n**0.5).astype(np.float32)
+        if side == "tensorflow":
+            rates = {dt: kernels.gemm(n, dt, seconds)[0] for dt in ("fp32", "bf16")}
+        elif side == "numpy":
+            rates = {
+                "fp32": max(chained_rate(lambda x, m=m: x @ m, a, n, seconds) for m in (b, b.T))
+            }
+        else:
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            rates = {
+                "fp32": max(
+                    chained_rate(lambda x, m=m: torch.matmul(x, m), ta, n, seconds)
+                    for m in (tb, tb.t())
+                ),
+                "bf16": max(
+                    chained_rate(lambda x, m=m: torch.matmul(x, m), ta.bfloat16(), n, seconds)
+                    for m in (tb.bfloat16(), tb.bfloat16().t())
+                ),
+            }
+        results[str(n)] = rates
+    return {"rates": results, **about}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="512,1024,2048")
     parser.add_argument("--seconds", type=float, default=0.5)
     parser.add_argument("--threads", type=int, help="threads for every side (default: all)")
+    parser.add_argument("--one", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sizes = [int(s) for s in args.sizes.split(",")]
-    import numpy as np
-    import tensorflow as tf
-    import torch
-
-    from hpcai500_tf.roofline import kernels
-
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-        torch.set_num_threads(args.threads)
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(args.threads)
-
+    if args.one:
+        print(json.dumps(measure(args.one, sizes, args.seconds, args.threads)))
+        return
+    sides = {}
+    for side in SIDES:
+        command = [sys.executable, __file__, "--one", side, "--sizes", args.sizes]
+        command += ["--seconds", str(args.seconds)]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(
+                f"the {side} side failed (exit code {result.returncode}):\n{result.stderr[-2000:]}"
+            )
+        sides[side] = json.loads(result.stdout.strip().splitlines()[-1])
+        print(f"{side}: {sides[side]['build']}")
     best = {}
     for n in sizes:
-        rng = np.random.default_rng(0)
-        a = rng.standard_normal((n, n), dtype=np.float32)
-        b = (rng.standard_normal((n, n), dtype=np.float32) / n**0.5).astype(np.float32)
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         rates = {
-            ("tensorflow", "fp32"): kernels.gemm(n, "fp32", args.seconds)[0],
-            ("numpy", "fp32"): max(
-                chained_rate(lambda x, m=m: x @ m, a, n, args.seconds) for m in (b, b.T)
-            ),
-            ("torch", "fp32"): max(
-                chained_rate(lambda x, m=m: torch.matmul(x, m), ta, n, args.seconds)
-                for m in (tb, tb.t())
-            ),
-            ("tensorflow", "bf16"): kernels.gemm(n, "bf16", args.seconds)[0],
-            ("torch", "bf16"): max(
-                chained_rate(lambda x, m=m: torch.matmul(x, m), ta.bfloat16(), n, args.seconds)
-                for m in (tb.bfloat16(), tb.bfloat16().t())
-            ),
+            (side, dtype): rate
+            for side in SIDES
+            for dtype, rate in sides[side]["rates"][str(n)].items()
         }
         for key, rate in rates.items():
             best[key] = max(best.get(key, 0.0), rate)
@@ -94,17 +158,6 @@ def main() -> None:
             + "  ".join(f"{fw} {dt} {r / 1e9:7.1f}" for (fw, dt), r in rates.items())
             + "  GFLOP/s"
         )
-    try:
-        from threadpoolctl import threadpool_info
-
-        blas = [
-            f"{i.get('internal_api')} {i.get('architecture', '')}"
-            for i in threadpool_info()
-            if i.get("user_api") == "blas"
-        ]
-        print("numpy BLAS:", ", ".join(blas) or "unknown")
-    except ImportError:
-        print("numpy BLAS: threadpoolctl not installed")
     fp32_peer = max(best[("numpy", "fp32")], best[("torch", "fp32")])
     print(
         f"best fp32: TensorFlow {best[('tensorflow', 'fp32')] / 1e9:.1f}, numpy "

@@ -48,7 +48,10 @@ def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmu
     engine = build_engine(setup, None)
     images, labels = next(engine.train_batches())
     # Reading the loss back syncs.
-    return timed_steps(lambda: float(engine.train_step(images, labels)), steps, warmup)
+    import tensorflow as tf
+
+    timed = timed_steps(lambda: float(engine.train_step(images, labels)), steps, warmup)
+    return {**timed, "build": f"TensorFlow {tf.__version__}"}
 
 
 def timed_steps(step, steps: int, warmup: int) -> dict:
@@ -80,6 +83,10 @@ def torch_step_times(precision: str, batch: int, image_size: int, steps: int, wa
     images = torch.rand(batch, 3, image_size, image_size).to(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,))
 
+    from torch_build import torch_build
+
+    build = torch_build(torch)
+
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "mixed"):
@@ -88,7 +95,7 @@ def torch_step_times(precision: str, batch: int, image_size: int, steps: int, wa
         optimizer.step()
         float(loss)
 
-    return timed_steps(step, steps, warmup)
+    return {**timed_steps(step, steps, warmup), "build": build}
 
 
 def run_one(framework: str, precision: str, args) -> dict:
@@ -141,6 +148,8 @@ def main() -> None:
             for framework in frameworks:
                 runs[(framework, precision)].append(run_one(framework, precision, args))
     rows = []
+    for fw in frameworks:
+        print(f"{fw}: {runs[(fw, precisions[0])][0]['build']}")
     print(
         f"ResNet-50 v1.5 train step, batch {args.batch}, {args.image_size}x{args.image_size}, "
         f"{args.steps} steps x {args.rounds} rounds (images/s, median)"
@@ -181,6 +190,7 @@ def main() -> None:
                 "round_ratios": round_ratios,
                 "median_round_ratio": statistics.median(round_ratios),
                 "system_seconds_per_step": system,
+                "builds": {fw: runs[(fw, precision)][0]["build"] for fw in frameworks},
             }
         )
     if args.json:

@@ -14,6 +14,19 @@ LAYER_IDS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9")
 
 
 @dataclass(frozen=True)
+class Convention:
+    """How a score is read: the quality exponent and the FLOP count. "stated" is the rule as
+    published; another names what a published table's figures imply (see the README)."""
+
+    name: str
+    description: str
+    penalty_exponent: float
+    grade: str
+    flop_basis: str | None = None  # None: the record's own count
+    flops_per_example: float | None = None  # training FLOPs per example on that basis
+
+
+@dataclass(frozen=True)
 class Benchmark:
     """The fixed problem of one benchmark (L9) and how its quality is scored."""
 
@@ -27,6 +40,15 @@ class Benchmark:
     dataset: str
     reference_layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    conventions: dict[str, Convention] = field(default_factory=dict)
+
+    def convention(self, name: str = "stated") -> Convention:
+        if name not in self.conventions:
+            raise UserError(
+                f"unknown scoring convention '{name}' for {self.name} "
+                f"(known: {', '.join(self.conventions)})"
+            )
+        return self.conventions[name]
 
     def problem(self) -> dict[str, Any]:
         """The L9 layer every rankable record of this benchmark must carry."""
@@ -97,7 +119,40 @@ def load_benchmark(name: str, config_dir: Path = CONFIG_DIR) -> Benchmark:
     for layer in reference:
         if layer not in LAYER_IDS:
             raise UserError(f"{path}: 'reference_layers.{layer}' is not a layer ({LAYER_IDS})")
+    conventions = {
+        "stated": Convention(
+            "stated",
+            "the rule as published: the record's own FLOP count, the stated exponent",
+            exponent,
+            _require(table, "penalty_exponent_grade", str, path, "benchmark"),
+        )
+    }
+    table_of = data.get("conventions", {})
+    if not isinstance(table_of, dict):
+        raise UserError(f"{path}: 'conventions' must be a table")
+    for key, entry in table_of.items():
+        where = f"conventions.{key}"
+        if not isinstance(entry, dict):
+            raise UserError(f"{path}: '{where}' must be a table")
+        value = float(_require(entry, "penalty_exponent", (int, float), path, where))
+        per_example = entry.get("flops_per_example")
+        if per_example is not None and (
+            isinstance(per_example, bool) or not isinstance(per_example, int | float)
+            or not 0 < per_example < 1e15
+        ):  # fmt: skip
+            raise UserError(f"{path}: '{where}.flops_per_example' must be a positive number")
+        if not 0 <= value <= 100:
+            raise UserError(f"{path}: '{where}.penalty_exponent' must be in [0, 100]")
+        conventions[key] = Convention(
+            key,
+            _require(entry, "description", str, path, where),
+            value,
+            _require(entry, "grade", str, path, where),
+            entry.get("flop_basis"),
+            None if per_example is None else float(per_example),
+        )
     return Benchmark(
+        conventions=conventions,
         name=_require(table, "name", str, path, "benchmark"),
         title=_require(table, "title", str, path, "benchmark"),
         quality_metric=_require(table, "quality_metric", str, path, "benchmark"),
@@ -304,6 +359,11 @@ class OptimizerConfig:
         if self.lars_eta <= 0 or not 0 < self.step_factor <= 1:
             return "lars_eta must be > 0 and step_factor in (0, 1]"
         return None
+
+
+def peak_learning_rate(config: OptimizerConfig, global_batch: int) -> float:
+    """The learning rate after warm-up: the base rate scaled by global batch / 256."""
+    return config.base_learning_rate * global_batch / 256
 
 
 @dataclass(frozen=True)

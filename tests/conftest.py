@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hpcai500_2020_google_tpuv3.json"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "published_2020" / "2_google.json"
 
 
 @pytest.fixture
@@ -25,3 +25,26 @@ def set_result(record: dict, *, seconds: float, quality: float) -> dict:
     record["timeline"]["run_stop"] = seconds
     record["timeline"]["segments"] = [{"start": 0.0, "stop": seconds}]
     return record
+
+
+@pytest.fixture(scope="session")
+def tf_tiny(tmp_path_factory):
+    """A finished TensorFlow run of the tiny image-classification preset: (path, record)."""
+    from hpcai500_tf import record
+    from hpcai500_tf.cli import main
+
+    out = tmp_path_factory.mktemp("tf")
+    assert main(["train", "image_classification", "--preset", "tiny", "--out", str(out)]) == 0
+    (path,) = out.glob("*/record.json")
+    return path, record.load(path)
+
+
+@pytest.fixture
+def torch_installed():
+    """PyTorch, or a skip; CI sets HPCAI500_REQUIRE_TORCH=1 so that a missing torch fails."""
+    import os
+
+    if os.environ.get("HPCAI500_REQUIRE_TORCH") == "1":
+        import torch  # noqa: F401  (an ImportError fails the test)
+    else:
+        pytest.importorskip("torch", reason="PyTorch is optional: pip install -e '.[torch]'")

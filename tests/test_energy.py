@@ -420,9 +420,9 @@ class RaplWriter:
 
 
 def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch):
-    from hpcai500_tf.engine import run
+    from hpcai500_tf.engine import run, run_record
 
-    monkeypatch.setattr(run, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     now = time.time()
     meter = _log(tmp_path, "".join(f"{now - 30 + t},{300 + t % 2}\n" for t in range(600)))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
@@ -450,11 +450,11 @@ class FakeNVMLMissing(FakeNVML):
 
 
 def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, monkeypatch):
-    from hpcai500_tf.engine import run
+    from hpcai500_tf.engine import run, run_record
 
     from .test_train import StopBeforeEpoch
 
-    monkeypatch.setattr(run, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
     with RaplWriter(powercap, watts=40.0):
         stopped, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20)

@@ -28,27 +28,18 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from torch_build import check_mixed_precision, choose_device, import_torch, torch_build  # noqa: E402
+from torch_data import Feeder, FeederError  # noqa: E402
+
 from hpcai500_tf.errors import UserError  # noqa: E402
-
-
-def _import_torch():
-    try:
-        import torch
-    except ImportError:
-        raise UserError(
-            "PyTorch is not installed: pip install -e '.[torch]' (or torch==2.13.0)"
-        ) from None
-    return torch
 
 
 def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:
@@ -65,12 +56,8 @@ def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, opt
 
 
 class TorchRunner:
-    def __init__(self, setup, data_dir: str | None):
-        import tensorflow as tf  # the input pipeline only
-
-        from hpcai500_tf.workloads import build_workload
-
-        torch = self.torch = _import_torch()
+    def __init__(self, setup, data_dir: str | None, device: str = "auto"):
+        torch = self.torch = import_torch()
         from torch_resnet import ResNet50V15
 
         t, o = setup.training, setup.optimizer
@@ -78,29 +65,30 @@ class TorchRunner:
             raise UserError("the PyTorch runner trains image_classification only")
         if o.name != "sgd":
             raise UserError("the PyTorch runner implements SGD only, not LARS")
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = choose_device(torch, device)
         if t.strategy not in ("default", "mirrored") or (
             t.strategy == "mirrored" and torch.cuda.device_count() > 1
         ):
             raise UserError("the PyTorch runner trains in one process on one device")
-        tf.config.set_visible_devices([], "GPU")  # TensorFlow feeds data, PyTorch computes
-        # tf.data hands out read-only arrays; the model only reads its input batch.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        self.tf = tf
         self.setup = setup
-        self.workload = build_workload(setup.benchmark.name, setup.config, data_dir)
         self.global_batch = t.batch_per_replica
+        # TensorFlow feeds the data from a process of its own (see tools/torch_data.py).
+        self.feeder = Feeder(
+            setup.benchmark.name, setup.config, data_dir, self.global_batch, t.deterministic
+        )
+        self.workload = self.feeder.workload
         self.steps_per_epoch = self.workload.train_examples // self.global_batch
         if self.steps_per_epoch < 1:
             raise UserError("the training data make no full batch: lower batch_per_replica")
         torch.manual_seed(t.seed)
-        torch.use_deterministic_algorithms(t.deterministic)
-        m, d = self.workload.model_config, self.workload.data
-        self.model = ResNet50V15(d.num_classes, m.width, tuple(m.blocks))
+        if t.deterministic:  # this call imports torch._inductor (and triton, where present)
+            torch.use_deterministic_algorithms(True)
+        m = self.workload.model
+        self.model = ResNet50V15(self.workload.num_classes, m["width"], tuple(m["blocks"]))
         for module in self.model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
-                module.momentum, module.eps = 1.0 - m.bn_momentum, m.bn_epsilon
-                if not m.zero_init_residual:
+                module.momentum, module.eps = 1.0 - m["bn_momentum"], m["bn_epsilon"]
+                if not m["zero_init_residual"]:
                     torch.nn.init.ones_(module.weight)
         self.model = self.model.to(self.device, memory_format=torch.channels_last)
         decayed, kept = [], []
@@ -130,23 +118,19 @@ class TorchRunner:
             "cuda", enabled=self.mixed and self.device.type == "cuda"
         )
         self.step = 0
+        if self.mixed:
+            check_mixed_precision(torch, self.device)
 
     # ------------------------------------------------------------------ data
 
     def batches(self, training: bool, seed: int):
-        tf = self.tf
-        dataset = self.workload.dataset(training, seed, (1, 0))
-        if training:
-            dataset = dataset.repeat()
-        options = tf.data.Options()
-        options.deterministic = self.setup.training.deterministic
-        dataset = dataset.with_options(options)
-        dataset = dataset.batch(self.global_batch, drop_remainder=training)
-        for images, labels in dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator():
-            x = self.torch.from_numpy(images).permute(0, 3, 1, 2)  # NHWC -> NCHW view
+        torch = self.torch
+        for images, labels, _ in self.feeder.batches(training, seed):
+            # Copied out of the feeder's shared slot, which is refilled after the next request.
+            x = torch.from_numpy(images).permute(0, 3, 1, 2)  # NHWC -> NCHW view
             yield (
-                x.to(self.device, memory_format=self.torch.channels_last),
-                self.torch.from_numpy(labels).long().to(self.device),
+                x.to(self.device, memory_format=torch.channels_last, copy=True),
+                torch.from_numpy(labels).to(self.device, copy=True),
             )
 
     # ------------------------------------------------------------------ steps
@@ -180,7 +164,7 @@ class TorchRunner:
         """The loss as the TensorFlow engine reports it: with its weight-decay term."""
         with self.torch.no_grad():
             l2 = sum(float((p.float() ** 2).sum()) for p in self.decayed) / 2
-        return float(loss) + self.setup.optimizer.weight_decay * l2
+        return float(loss.detach()) + self.setup.optimizer.weight_decay * l2
 
     def evaluate(self) -> float:
         correct = count = 0
@@ -194,10 +178,10 @@ class TorchRunner:
         return correct / count
 
     def zero_batch(self):
-        d = self.workload.data
-        images = self.torch.zeros(
-            self.global_batch, 3, d.image_size, d.image_size, device=self.device
-        ).contiguous(memory_format=self.torch.channels_last)
+        size = self.workload.image_size
+        images = self.torch.zeros(self.global_batch, 3, size, size, device=self.device).contiguous(
+            memory_format=self.torch.channels_last
+        )
         return images, self.torch.zeros(
             self.global_batch, dtype=self.torch.long, device=self.device
         )
@@ -238,6 +222,7 @@ class TorchRunner:
                 "torch.utils.flop_counter.FlopCounterMode over one train step (forward and "
                 f"backward; the SGD update is not counted) at batch {batch}; multiply-add = 2"
             ),
+            "basis": "pytorch-flop-counter",
             "counted_op_types": sorted(by_op),
             "uncounted_op_types": [],
             "by_op_type_per_example": {k: v / batch for k, v in sorted(by_op.items())},
@@ -259,10 +244,10 @@ class TorchRunner:
             for m in self.model.modules()
             if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)
         ]
-        d = self.workload.data
+        size = self.workload.image_size
         self.model.eval()
         with torch.no_grad():
-            self.model(torch.zeros(1, 3, d.image_size, d.image_size, device=self.device))
+            self.model(torch.zeros(1, 3, size, size, device=self.device))
         for hook in hooks:
             hook.remove()
         return float(sum(total))
@@ -292,6 +277,7 @@ class TorchRunner:
             "L5": {
                 "framework": "pytorch",
                 "framework_version": torch.__version__,
+                "framework_build": torch_build(torch),
                 "numpy_version": numpy.__version__,
                 "python_version": platform.python_version(),
                 "python_implementation": sys.implementation.name,
@@ -308,15 +294,29 @@ class TorchRunner:
         }
 
 
-def train(setup, data_dir, out_dir, power_hz: float = 10.0, meter_log: str | None = None):
+def train(
+    setup,
+    data_dir,
+    out_dir,
+    power_hz: float = 10.0,
+    meter_log: str | None = None,
+    device: str = "auto",
+):
     """Train with PyTorch; returns (record, record path)."""
-    from hpcai500_tf import record as record_io
-    from hpcai500_tf.engine import run
-    from hpcai500_tf.engine.loop import Progress, fingerprint
-    from hpcai500_tf.engine.mllog import MLLogger
-
     init_start = time.time()
-    runner = TorchRunner(setup, data_dir)
+    runner = TorchRunner(setup, data_dir, device)
+    try:
+        return _train(runner, setup, out_dir, power_hz, meter_log, init_start)
+    finally:
+        runner.feeder.close()
+
+
+def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
+    from hpcai500_tf import record as record_io
+    from hpcai500_tf.engine import run_record as run
+    from hpcai500_tf.engine.mllog import MLLogger
+    from hpcai500_tf.engine.run_record import Progress, fingerprint
+
     t = setup.training
     run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
     record_io.write_atomic(run_dir / run.CONFIG_FILE, setup.config)
@@ -382,6 +382,9 @@ def train(setup, data_dir, out_dir, power_hz: float = 10.0, meter_log: str | Non
     except KeyboardInterrupt:
         status = "stopped"
         warnings.append("interrupted by the user (the PyTorch runner cannot resume)")
+    except FeederError as error:
+        status = "stopped"
+        warnings.append(f"the input pipeline failed: {error}")
     finally:
         progress.segments.append({"start": start, "stop": time.time()})
         if sampler:
@@ -424,18 +427,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs")
     parser.add_argument("--power-hz", type=float, default=10.0)
     parser.add_argument("--meter-log")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: the GPU where PyTorch sees one, else the CPU (refused on a machine whose "
+        "NVIDIA GPUs this torch cannot use)",
+    )
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # This process must never load TensorFlow (tools/torch_data.py says why): make an import of
+    # it fail here, loudly, rather than crash later inside triton.
+    sys.modules["tensorflow"] = None
     from hpcai500_tf import config
 
     try:
         setup = config.prepare(args.benchmark, args.preset, args.set)
-        if args.power_hz < 0:
-            raise UserError(f"--power-hz must be >= 0, got {args.power_hz}")
-        record, path = train(setup, args.data, args.out, args.power_hz, args.meter_log)
+        if not math.isfinite(args.power_hz) or args.power_hz < 0:
+            raise UserError(f"--power-hz must be a finite number >= 0, got {args.power_hz}")
+        record, path = train(setup, args.data, args.out, args.power_hz, args.meter_log, args.device)
     except UserError as error:
         print(f"torch_train: error: {error}", file=sys.stderr)
         return 2
+    except FeederError as error:
+        print(f"torch_train: the TensorFlow data process failed: {error}", file=sys.stderr)
+        return 1
     print(f"record: {path}")
     if record["status"] != "completed":
         print(f"run {record['status']}: " + "; ".join(record["warnings"]), file=sys.stderr)

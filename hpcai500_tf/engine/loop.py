@@ -7,12 +7,11 @@ the MLPerf log and the record. A workload supplies model, data, loss and quality
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import keras
@@ -23,6 +22,7 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.config import OptimizerConfig, TrainingConfig
 from hpcai500_tf.engine import optimizers
 from hpcai500_tf.engine.mllog import MLLogger
+from hpcai500_tf.engine.run_record import Progress
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 
@@ -38,30 +38,6 @@ def precision_policy(precision: str) -> str:
     if precision == "fp32":
         return "float32"
     return "mixed_float16" if tf.config.list_physical_devices("GPU") else "mixed_bfloat16"
-
-
-def fingerprint(config: dict) -> str:
-    """What must match for --resume: the whole resolved config."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@dataclass
-class Progress:
-    """Everything about a run's progress that a checkpoint must carry to resume it."""
-
-    config_fingerprint: str
-    epochs_done: int = 0
-    examples: int = 0
-    segments: list[dict] = field(default_factory=list)
-    epochs: list[dict] = field(default_factory=list)
-    curve: list[dict] = field(default_factory=list)
-    init_start: float = 0.0
-    run_start: float | None = None
-    energy: list[list[dict]] = field(default_factory=list)  # per closed segment, per source
-
-    def elapsed(self, now: float | None = None, open_segment: float | None = None) -> float:
-        closed = sum(s["stop"] - s["start"] for s in self.segments)
-        return closed + ((now or time.time()) - open_segment if open_segment else 0.0)
 
 
 class Engine:

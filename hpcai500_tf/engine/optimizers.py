@@ -11,7 +11,7 @@ import math
 import keras
 import tensorflow as tf
 
-from hpcai500_tf.config import OptimizerConfig
+from hpcai500_tf.config import OptimizerConfig, peak_learning_rate
 
 
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -91,10 +91,6 @@ class LARS(keras.optimizers.Optimizer):
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "eta": self.eta}
-
-
-def peak_learning_rate(config: OptimizerConfig, global_batch: int) -> float:
-    return config.base_learning_rate * global_batch / 256
 
 
 def build_optimizer(

@@ -1,0 +1,285 @@
+"""The PyTorch reference runner (tools/torch_train.py): it never shares a process with
+TensorFlow, its data come from the TensorFlow feeder process, it refuses a torch it cannot use
+in one line, and the two-framework demo fails loudly."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcai500_tf import record
+from hpcai500_tf.errors import UserError
+
+from .test_data import imagenet_dir  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import torch_build  # noqa: E402
+from torch_data import Feeder  # noqa: E402
+
+VENV = Path(sys.executable).parent.parent  # the environment running these tests
+
+
+def run_runner(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "torch_train.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
+    torch_installed, tmp_path
+):
+    """tools/compare_frameworks.sh end to end. The runner's process refuses to load
+    TensorFlow (its data come from the feeder process), so the triton crash cannot come back
+    unnoticed with any torch build, CPU-only ones included."""
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        ["bash", str(ROOT / "tools" / "compare_frameworks.sh"), "tiny", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VENV": str(VENV)},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (tf_path,) = (out / "tensorflow").glob("*/record.json")
+    (torch_path,) = (out / "pytorch").glob("*/record.json")
+    tf_record, torch_record = record.load(tf_path), record.load(torch_path)
+    assert torch_record["source"]["framework"] == "pytorch"
+    assert torch_record["layers"]["L5"]["framework_build"].startswith("torch ")
+    assert (torch_path.parent / "mlperf.log").read_text().count(":::MLLOG") > 20
+    comparison = json.loads((out / "comparison.json").read_text())
+    if torch_record["layers"]["L4"]["cuda_build"]:
+        # A CUDA build of torch (PyPI's default) differs from tensorflow-cpu in L4 too, truly:
+        # it ships CUDA libraries. Nothing else may differ.
+        assert comparison["differing_layers"] == ["L4", "L5"], comparison["differences"]
+        assert {d["field"] for d in comparison["differences"] if d["layer"] == "L4"} <= {
+            "cuda_build", "cuda_version", "cudnn_version"
+        }  # fmt: skip
+    else:
+        assert comparison["valid_single_layer_comparison"], comparison["verdict"]
+        assert comparison["differing_layers"] == ["L5"], comparison["differences"]
+    # Both runners saw the same data: the same number of examples in every epoch.
+    assert [e["examples"] for e in tf_record["timeline"]["epochs"]] == [
+        e["examples"] for e in torch_record["timeline"]["epochs"]
+    ]
+    # The two counters agree exactly on convolutions and matrix products (forward and both
+    # gradients); TensorFlow also counts the elementwise ops of weight decay and the update.
+    tf_ops, torch_ops = (
+        rec["flops"]["by_op_type_per_example"] for rec in (tf_record, torch_record)
+    )
+    tf_dense = sum(v for k, v in tf_ops.items() if k.startswith(("Conv2D", "MatMul")))
+    torch_dense = sum(v for k, v in torch_ops.items() if "conv" in k or "mm" in k)
+    assert tf_dense == pytest.approx(torch_dense, rel=1e-9)
+    ratio = (
+        torch_record["flops"]["per_example_training"] / tf_record["flops"]["per_example_training"]
+    )
+    assert 0.95 < ratio <= 1.0
+    assert (
+        torch_record["flops"]["analytical_per_example_forward"]
+        == tf_record["flops"]["analytical_per_example_forward"]
+    )
+
+
+def test_the_runner_process_refuses_tensorflow(torch_installed, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import runpy, sys\n"
+        "sys.argv = ['torch_train.py', 'image_classification', '--preset', 'tiny', '--out', "
+        f"{str(tmp_path)!r}]\n"
+        "import torch_train\n"
+        "torch_train.train = lambda *a, **k: __import__('tensorflow')\n"
+        "torch_train.main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(probe)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
+        timeout=120,
+    )
+    assert result.returncode != 0 and "import of tensorflow halted" in result.stderr
+
+
+def test_pytorch_runner_reads_the_imagenet_tfrecord_shards(
+    torch_installed,
+    tmp_path,
+    imagenet_dir,  # noqa: F811
+):
+    overrides = [
+        "data.source=imagenet",
+        "data.train_examples=0",
+        "data.eval_examples=0",
+        "data.label_offset=1",
+        "data.num_classes=3",
+        "training.batch_per_replica=4",
+        "training.deterministic=true",  # imports torch._inductor (and triton where present)
+    ]
+    result = run_runner(
+        "image_classification", "--preset", "tiny", "--data", str(imagenet_dir),
+        "--out", str(tmp_path), "--power-hz", "0", *(f"--set={o}" for o in overrides),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (path,) = tmp_path.glob("*/record.json")
+    rec = record.load(path)
+    assert (
+        rec["layers"]["L9"]["dataset"] == "imagenet-1k" and rec["source"]["framework"] == "pytorch"
+    )
+
+
+def test_bad_data_is_one_line_from_the_feeder(torch_installed, tmp_path):
+    result = run_runner(
+        "image_classification", "--preset", "tiny", "--data", str(tmp_path / "missing"),
+        "--set=data.source=imagenet", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("torch_train: error:")
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("*/record.json"))
+
+
+# ------------------------------------------------------------------------ the feeder
+
+
+def test_feeder_streams_interleave_and_match_the_pipeline():
+    """A training stream left mid-way, an evaluation stream read to its end, then the
+    training stream again: each gets its own batches, in the pipeline's order."""
+    import keras
+
+    from hpcai500_tf import config
+    from hpcai500_tf.workloads import build_workload
+
+    setup = config.prepare("image_classification", "tiny", ["training.batch_per_replica=16"])
+    workload = build_workload("image_classification", setup.config, None)
+    keras.utils.set_random_seed(setup.training.seed)  # the feeder seeds as the engine does
+    expected_eval = list(workload.dataset(False, 7, (1, 0)).batch(16).as_numpy_iterator())
+    feeder = Feeder("image_classification", setup.config, None, 16, deterministic=True)
+    try:
+        assert feeder.workload.eval_examples == workload.eval_examples
+        assert feeder.workload.layer == workload.workload_layer()
+        train = feeder.batches(True, 3)
+        first = [next(train)[1].copy() for _ in range(2)]
+        got = [(i.copy(), la.copy(), n) for i, la, n in feeder.batches(False, 7)]
+        assert sum(n for *_, n in got) == workload.eval_examples
+        for (images, labels, _), (want_images, want_labels) in zip(got, expected_eval, strict=True):
+            np.testing.assert_array_equal(labels, want_labels)
+            np.testing.assert_allclose(images, want_images)
+        images, labels, count = next(train)  # the training stream goes on where it was
+        assert count == 16 and images.shape == (16, 16, 16, 3) and labels.dtype == np.int64
+        expected_train = list(
+            workload.dataset(True, 3, (1, 0)).repeat().batch(16, drop_remainder=True).take(3)
+        )
+        np.testing.assert_array_equal(first[0], expected_train[0][1].numpy())
+        np.testing.assert_array_equal(labels, expected_train[2][1].numpy())
+    finally:
+        feeder.close()
+    assert not feeder._process.is_alive()
+
+
+def test_feeder_reports_a_dead_data_process():
+    from torch_data import FeederError
+
+    from hpcai500_tf import config
+
+    setup = config.prepare("image_classification", "tiny", [])
+    feeder = Feeder("image_classification", setup.config, None, 8, deterministic=True)
+    try:
+        feeder._process.kill()
+        feeder._process.join(10)
+        with pytest.raises(FeederError, match="ended unexpectedly"):
+            next(feeder.batches(True, 1))
+    finally:
+        feeder.close()
+
+
+# ------------------------------------------------------------------------ which torch
+
+
+def fake_torch(version="2.13.0", cuda=None, hip=None, available=False):
+    return types.SimpleNamespace(
+        __version__=version,
+        version=types.SimpleNamespace(cuda=cuda, hip=hip),
+        cuda=types.SimpleNamespace(is_available=lambda: available),
+        device=lambda name: types.SimpleNamespace(type=name),
+    )
+
+
+def test_a_torch_too_old_is_refused_naming_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("2.1.2+cpu"))
+    with pytest.raises(
+        UserError, match=r"torch 2.1.2\+cpu is too old .*pip install -U 'torch>=2.3'"
+    ):
+        torch_build.import_torch()
+    assert torch_build.version_tuple("2.14.1+cu130") == (2, 14)
+
+
+def test_gpus_this_torch_cannot_use_are_refused_not_skipped(monkeypatch):
+    monkeypatch.setattr(torch_build, "nvidia_gpus_present", lambda: True)
+    with pytest.raises(UserError, match="CPU-only build.*--device cpu"):
+        torch_build.choose_device(fake_torch(), "auto")
+    with pytest.raises(UserError, match="CUDA 12.1 needs a newer driver"):
+        torch_build.choose_device(fake_torch(cuda="12.1"), "auto")
+    assert torch_build.choose_device(fake_torch(), "cpu").type == "cpu"
+    monkeypatch.setattr(torch_build, "nvidia_gpus_present", lambda: False)
+    # A CUDA build on a machine without NVIDIA GPUs trains on the CPU (and says so in L5).
+    assert torch_build.choose_device(fake_torch(cuda="13.0"), "auto").type == "cpu"
+    with pytest.raises(UserError, match="--device cuda: this torch is a CPU-only build"):
+        torch_build.choose_device(fake_torch(), "cuda")
+    assert torch_build.choose_device(fake_torch(cuda="13.0", available=True), "auto").type == "cuda"
+
+
+def test_the_build_is_named(torch_installed):
+    import torch
+
+    text = torch_build.torch_build(torch)
+    assert text.startswith(f"torch {torch.__version__} (")
+    assert ("CPU-only build" in text) == (torch.version.cuda is None and torch.version.hip is None)
+
+
+# ------------------------------------------------------------------------ the demo script
+
+
+def fake_venv(tmp_path: Path, tensorflow_side: str, pytorch_side: str) -> Path:
+    """A virtual environment whose two commands run the given shell lines."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for name, body in (("hpcai500-tf", tensorflow_side), ("python", pytorch_side)):
+        script = venv / "bin" / name
+        script.write_text(f"#!/usr/bin/env bash\necho {name} says hello\n{body}\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return venv
+
+
+@pytest.mark.parametrize(
+    "tensorflow_side, pytorch_side, side, code",
+    [
+        ("exit 3", "exit 0", "tensorflow", 3),
+        ("exit 0", "kill -SEGV $$", "pytorch", 139),
+    ],
+)
+def test_the_demo_names_the_side_that_failed(tmp_path, tensorflow_side, pytorch_side, side, code):
+    venv = fake_venv(tmp_path, tensorflow_side, pytorch_side)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["bash", str(ROOT / "tools" / "compare_frameworks.sh"), "tiny", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VENV": str(venv)},
+        timeout=60,
+    )
+    assert result.returncode == code
+    assert f"the {side} side failed with exit code {code}" in result.stderr
+    assert f"its log: {out}/{side}.log" in result.stderr
+    assert "says hello" in (out / f"{side}.log").read_text()
+    if code == 139:
+        assert "signal 11: SEGV" in result.stderr
+    assert not (out / "comparison.json").exists()

@@ -1,0 +1,98 @@
+"""Which PyTorch this is, and whether it can run what the runner asks: checks that end in one
+line naming the install to use, shared by the runner and the benchmarks that measure PyTorch.
+
+Installs (see the README): a CPU-only build,
+    pip install torch --index-url https://download.pytorch.org/whl/cpu
+or PyPI's default Linux x86-64 build, which is a CUDA build with its CUDA libraries and triton.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hpcai500_tf.errors import UserError
+
+MINIMUM = (2, 3)  # torch.amp.GradScaler("cuda", ...) and torch.utils.flop_counter
+CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+CUDA_INSTALL = "pip install torch (PyPI's Linux build is a CUDA build; see pytorch.org for others)"
+
+
+def import_torch():
+    """torch, or one line saying how to install a torch this runner can use."""
+    try:
+        import torch
+    except ImportError:
+        raise UserError(
+            f"PyTorch is not installed: {CPU_INSTALL} (CPU only), or {CUDA_INSTALL}"
+        ) from None
+    if version_tuple(torch.__version__) < MINIMUM:
+        raise UserError(
+            f"torch {torch.__version__} is too old for the PyTorch runner (needs >= "
+            f"{'.'.join(map(str, MINIMUM))}): pip install -U 'torch>=2.3'"
+        )
+    return torch
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    numbers = re.findall(r"\d+", version.split("+")[0])[:2]
+    return tuple(int(n) for n in numbers) + (0,) * (2 - len(numbers))
+
+
+def torch_build(torch) -> str:
+    """The build in words: version, CUDA or CPU, triton, where it runs."""
+    kind = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+    if torch.version.hip:
+        kind = f"ROCm {torch.version.hip} build"
+    try:
+        from importlib.metadata import version
+
+        triton = f", triton {version('triton')} installed"
+    except Exception:  # noqa: BLE001 - not installed (or unreadable metadata)
+        triton = ""
+    where = "a GPU" if torch.cuda.is_available() else "the CPU"
+    return f"torch {torch.__version__} ({kind}{triton}; computing on {where})"
+
+
+def nvidia_gpus_present() -> bool:
+    """Whether this machine has NVIDIA GPUs (NVML), whatever torch can see."""
+    from hpcai500_tf import layers
+
+    return bool(layers.nvidia_gpus()[0])
+
+
+def choose_device(torch, asked: str):
+    """The device to train on; a GPU this torch cannot use is refused, never silently skipped."""
+    usable = torch.cuda.is_available()
+    if asked == "cuda" and not usable:
+        if not torch.version.cuda and not torch.version.hip:
+            raise UserError(f"--device cuda: this torch is a CPU-only build: {CUDA_INSTALL}")
+        raise UserError(
+            "--device cuda: this CUDA build of torch sees no usable GPU (check nvidia-smi and "
+            "that the driver supports CUDA " + str(torch.version.cuda) + ")"
+        )
+    if asked == "auto" and not usable and nvidia_gpus_present():
+        raise UserError(
+            "this machine has NVIDIA GPUs but this torch cannot use them: "
+            + (
+                f"it is a CPU-only build ({CUDA_INSTALL})"
+                if not torch.version.cuda
+                else f"its CUDA {torch.version.cuda} needs a newer driver (check nvidia-smi)"
+            )
+            + "; pass --device cpu to train on the CPU on purpose"
+        )
+    return torch.device("cuda" if asked != "cpu" and usable else "cpu")
+
+
+def check_mixed_precision(torch, device) -> None:
+    """Mixed precision needs bf16 (CPU) or fp16 (GPU) autocast kernels for convolutions."""
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    try:
+        with torch.autocast(device.type, dtype=dtype):
+            x = torch.ones(1, 2, 4, 4, device=device)
+            torch.nn.functional.conv2d(x, torch.ones(2, 2, 1, 1, device=device)).sum().item()
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[0][:200]
+        raise UserError(
+            f"this torch build has no {dtype} autocast convolution on {device.type} ({first}): "
+            f"set training.precision='fp32', or install a newer torch ({CPU_INSTALL})"
+        ) from None

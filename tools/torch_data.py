@@ -1,0 +1,273 @@
+"""The benchmark's tf.data input pipeline for the PyTorch runner, run in a process of its own.
+
+TensorFlow and PyTorch must not share a process: TensorFlow loads its native libraries with
+RTLD_GLOBAL, which exports the LLVM it bundles, and a CUDA build of PyTorch brings triton,
+whose libtriton.so holds another LLVM. Loaded after TensorFlow, triton's LLVM references bind
+to TensorFlow's copy and its static initialisers crash (a segmentation fault on `import
+triton`, reached from `torch.use_deterministic_algorithms` or `torch.compile`). So a child
+process (the "feeder") imports TensorFlow, builds the workload and iterates its datasets; the
+runner imports only PyTorch. Batches cross in shared memory, a few slots per stream, with the
+slot numbers on a pipe: one copy into the slot, one out of it.
+
+    feeder = Feeder("image_classification", config, data_dir, batch=32, deterministic=True)
+    feeder.workload      # the workload's facts the record needs (WorkloadFacts)
+    for images, labels, count in feeder.batches(training=True, seed=10): ...
+    feeder.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import re
+import signal
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from hpcai500_tf.errors import UserError
+
+SLOTS = 3  # batches in flight per stream: one being read, two being filled
+
+
+class FeederError(RuntimeError):
+    """The data process failed while reading data (its message names what)."""
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """What the runner and the record need of the workload, without TensorFlow."""
+
+    name: str
+    quality_metric: str
+    measures_quality: bool
+    train_examples: int
+    eval_examples: int
+    image_size: int
+    num_classes: int
+    model: dict  # the workload's model config (width, blocks, batch-norm settings)
+    layer: dict  # L7 as the TensorFlow workload reports it
+    dataset: str  # L9's dataset name
+    problem: dict  # L9's facts verified from the data (counts, fingerprints)
+
+    def workload_layer(self) -> dict:
+        return dict(self.layer)
+
+    def problem_layer(self) -> dict:
+        return dict(self.problem)
+
+    def dataset_name(self) -> str:
+        return self.dataset
+
+
+class Feeder:
+    """A child process that runs the benchmark's tf.data pipeline and hands out batches."""
+
+    def __init__(
+        self, benchmark: str, config: dict, data_dir: str | None, batch: int, deterministic: bool
+    ):
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no PyTorch in it
+        self._pipe, child_end = context.Pipe()
+        self._process = context.Process(
+            target=_serve,
+            args=(child_end, benchmark, config, data_dir, batch, deterministic),
+            name="hpcai500-tf-data",
+            daemon=True,
+        )
+        self._process.start()
+        child_end.close()
+        self.batch = batch
+        self._streams = 0
+        self._memory: list[shared_memory.SharedMemory] = []
+        self._pending: dict[int | None, deque] = {}
+        self._closed: set[int] = set()
+        self.workload: WorkloadFacts = WorkloadFacts(**self._reply())
+        shape = (batch, self.workload.image_size, self.workload.image_size, 3)
+        self._image_bytes = int(np.prod(shape)) * 4
+        self._slot_bytes = self._image_bytes + batch * 8
+
+    def _died(self) -> FeederError:
+        self._process.join(5)
+        return FeederError(
+            f"the data process ended unexpectedly (exit code {self._process.exitcode})"
+        )
+
+    def _send(self, *message) -> None:
+        try:
+            self._pipe.send(message)
+        except OSError:
+            raise self._died() from None
+
+    def _reply(self, stream=None):
+        """The next reply for `stream` (None: the start-up reply); replies for other streams
+        that arrive first are kept for their readers."""
+        while not self._pending.setdefault(stream, deque()):
+            try:
+                tag, kind, value = self._pipe.recv()
+            except (EOFError, OSError):
+                raise self._died() from None
+            if tag not in self._closed:  # a closed stream's last fills are dropped
+                self._pending.setdefault(tag, deque()).append((kind, value))
+        kind, value = self._pending[stream].popleft()
+        if kind == "user_error":
+            raise UserError(value)
+        if kind == "error":
+            raise FeederError(value)
+        return value
+
+    def batches(self, training: bool, seed: int):
+        """(images NHWC float32, labels int64, count) views into shared memory, each valid
+        until the next one is asked for; training streams repeat forever, evaluation ends."""
+        stream = self._streams
+        self._streams += 1
+        memory = shared_memory.SharedMemory(create=True, size=self._slot_bytes * SLOTS)
+        self._memory.append(memory)
+        self._send("open", stream, training, seed, memory.name)
+        self._reply(stream)
+        for slot in range(SLOTS):  # the child fills every slot ahead of the reader
+            self._send("next", stream, slot)
+        in_flight, slot = SLOTS, 0
+        try:
+            while True:
+                count = self._reply(stream)
+                in_flight -= 1
+                if count is None:
+                    return
+                offset = slot * self._slot_bytes
+                size = self.workload.image_size
+                images = np.ndarray((self.batch, size, size, 3), np.float32, memory.buf, offset)
+                labels = np.ndarray((self.batch,), np.int64, memory.buf, offset + self._image_bytes)
+                yield images[:count], labels[:count], count
+                self._send("next", stream, slot)
+                in_flight += 1
+                slot = (slot + 1) % SLOTS
+        finally:
+            self._pending.pop(stream, None)
+            self._closed.add(stream)
+            if self._process.is_alive():
+                with contextlib.suppress(OSError):
+                    self._pipe.send(("close", stream))
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._pipe.send(("quit",))
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
+        for memory in self._memory:
+            memory.close()
+            memory.unlink()
+        self._memory = []
+
+
+def _serve(pipe, benchmark, config, data_dir, batch, deterministic) -> None:
+    """The child: build the workload, then answer the runner's requests in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    try:
+        import os
+
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+
+        tf.config.set_visible_devices([], "GPU")  # the accelerators are PyTorch's
+        import keras
+
+        keras.utils.set_random_seed(config["training"]["seed"])  # as the TensorFlow engine does
+        from hpcai500_tf.workloads import build_workload
+
+        workload = build_workload(benchmark, config, data_dir)
+        d = workload.data
+        pipe.send(
+            (
+                None,
+                "ok",
+                {
+                    "name": workload.name,
+                    "quality_metric": workload.quality_metric,
+                    "measures_quality": workload.measures_quality,
+                    "train_examples": workload.train_examples,
+                    "eval_examples": workload.eval_examples,
+                    "image_size": d.image_size,
+                    "num_classes": d.num_classes,
+                    "model": {
+                        k: getattr(workload.model_config, k)
+                        for k in workload.model_config.__dataclass_fields__
+                    },
+                    "layer": workload.workload_layer(),
+                    "dataset": workload.dataset_name(),
+                    "problem": workload.problem_layer(),
+                },
+            )
+        )
+    except UserError as error:
+        pipe.send((None, "user_error", str(error)))
+        return
+    except Exception:  # noqa: BLE001 - reported to the runner, which names it
+        pipe.send((None, "error", "the data process could not start:\n" + traceback.format_exc()))
+        return
+    image_bytes = batch * d.image_size * d.image_size * 3 * 4
+    slot_bytes = image_bytes + batch * 8
+    streams = {}
+    while True:
+        try:
+            message = pipe.recv()
+        except (EOFError, OSError):
+            return  # the runner is gone
+        kind = message[0]
+        if kind == "quit":
+            return
+        if kind == "close":
+            _, memory = streams.pop(message[1], (None, None))
+            if memory is not None:
+                memory.close()
+            continue
+        stream = message[1]
+        try:
+            if kind == "open":
+                _, _, training, seed, name = message
+                dataset = workload.dataset(training, seed, (1, 0))
+                if training:
+                    dataset = dataset.repeat()
+                options = tf.data.Options()
+                options.deterministic = deterministic
+                dataset = dataset.with_options(options)
+                dataset = dataset.batch(batch, drop_remainder=training)
+                iterator = dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+                streams[stream] = (iterator, shared_memory.SharedMemory(name=name))
+                pipe.send((stream, "ok", None))
+            elif kind == "next":
+                slot = message[2]
+                iterator, memory = streams[stream]
+                try:
+                    images, labels = next(iterator)
+                except StopIteration:
+                    pipe.send((stream, "ok", None))
+                    continue
+                count = len(labels)
+                offset = slot * slot_bytes
+                np.copyto(
+                    np.ndarray(images.shape, np.float32, memory.buf, offset), images, "unsafe"
+                )
+                np.copyto(
+                    np.ndarray((count,), np.int64, memory.buf, offset + image_bytes),
+                    labels,
+                    "unsafe",
+                )
+                pipe.send((stream, "ok", count))
+        except UserError as error:
+            pipe.send((stream, "user_error", str(error)))
+        except tf.errors.OpError as error:
+            # A UserError raised inside the pipeline (a corrupt sample) arrives wrapped.
+            inner = re.search(r"UserError: (.*)", str(error))
+            if inner:
+                pipe.send((stream, "user_error", inner.group(1).strip()))
+            else:
+                lines = str(error).strip().splitlines() or [""]
+                text = f"reading data failed: {error.__class__.__name__}: {lines[0][:300]}"
+                pipe.send((stream, "error", text))
+        except Exception:  # noqa: BLE001 - reported to the runner, which names it
+            pipe.send((stream, "error", "the data process failed:\n" + traceback.format_exc()))
