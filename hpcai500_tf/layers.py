@@ -12,6 +12,8 @@ import platform
 import sys
 from pathlib import Path
 
+from hpcai500_tf.config import peak_learning_rate
+
 # ISA features that decide which kernels a CPU can run fast for training.
 _RELEVANT_ISA = (
     "sse4_2",
@@ -211,7 +213,7 @@ def run_layers(
             "label_smoothing": o.label_smoothing,
             "lr_schedule": f"warmup_{o.schedule}",
             "base_learning_rate": o.base_learning_rate,
-            "peak_learning_rate": o.base_learning_rate * global_batch / 256,
+            "peak_learning_rate": peak_learning_rate(o, global_batch),
             "warmup_epochs": o.warmup_epochs,
             "seed": t.seed,
             **({"lars_eta": o.lars_eta} if o.name == "lars" else {}),
@@ -226,5 +228,6 @@ def run_layers(
             "quality_metric": workload.quality_metric,
             "target_quality": t.target_quality,
             "epochs": t.epochs,
+            **workload.problem_layer(),  # what was verified from the data, if anything
         },
     }

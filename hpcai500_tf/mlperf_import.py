@@ -8,6 +8,8 @@ those come from the command line or a sidecar file (JSON or TOML):
     framework_version = "2.13.0"
     flops_per_example = 2.4e10       # required (or --flops-per-example): training FLOPs
     flops_method = "how they were counted"
+    flop_basis = "submitter"         # or tensorflow-profiler, pytorch-flop-counter,
+                                     # analytical-resnet50-v1 (record.FLOP_BASES)
     preset = "reference"
     target_quality = 0.763           # default: the benchmark's
     epochs = 90                      # the epoch budget (L9); default: the benchmark's
@@ -42,6 +44,7 @@ SIDECAR_KEYS = {
     "framework_version": str,
     "flops_per_example": (int, float),
     "flops_method": str,
+    "flop_basis": str,
     "preset": str,
     "target_quality": (int, float),
     "epochs": int,
@@ -187,22 +190,17 @@ def build_record(
         for e in events
         if e["key"] == "epoch_stop"
     ]
-    target = float(sidecar.get("target_quality", benchmark.target_quality))
     budget = sidecar.get("epochs", benchmark.epochs)
-    total_s = run_stop - run_start
-    trained = epochs[-1]["examples"] if epochs else (curve[-1]["examples"] if curve else 0)
-    quality = record_io.quality_result(curve, target, total_s, trained, measured=True)
     status_value = (stop_event.get("metadata") or {}).get("status", "success")
     status = "imported" if status_value == "success" else "stopped"
     if status == "stopped":
         warnings.append(f"the log's run_stop says '{status_value}'")
     flops = float(sidecar["flops_per_example"])
-    examples = quality["examples_to_quality"]
     given = sidecar.get("layers", {})
     problem = {
         "dataset": sidecar.get("dataset", benchmark.dataset),
         "quality_metric": benchmark.quality_metric,
-        "target_quality": target,
+        "target_quality": float(sidecar.get("target_quality", benchmark.target_quality)),
         "epochs": budget,
     }
     layers = {
@@ -225,11 +223,25 @@ def build_record(
         "L9": problem,
     }
     layers |= given  # the submitter's statement of a layer replaces what the log suggests
+    # One target: the problem's (L9), whichever way the sidecar gave it.
+    target = layers["L9"].get("target_quality")
+    if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
+        raise UserError(f"{path}: the target quality must be a fraction in (0, 1], got {target!r}")
+    layers["L9"] = {**layers["L9"], "quality_metric": benchmark.quality_metric}
+    quality = record_io.quality_result(curve, float(target), measured=True)
+    examples = quality["examples_to_quality"]
     reasons = [
         f"{key} is {layers['L9'][key]!r}, the benchmark's is {expected!r}"
         for key, expected in benchmark.problem().items()
         if layers["L9"].get(key) != expected
     ]
+    trained = max([e["epoch"] for e in epochs] + [p["epoch"] for p in curve], default=0)
+    required = layers["L9"].get("epochs")
+    if isinstance(required, int | float) and trained < required:
+        reasons.append(
+            f"the log trained {trained:g} epochs, fewer than the problem's {required:g}: "
+            "scored at the end of the last required epoch, it has no such epoch"
+        )
     init = _first(events, "init_start")
     record = {
         "schema_version": record_io.SCHEMA_VERSION,
@@ -257,7 +269,7 @@ def build_record(
         },
         "quality": {
             "metric": benchmark.quality_metric,
-            "target": target,
+            "target": float(target),
             **quality,
             "curve": curve,
         },
@@ -266,6 +278,7 @@ def build_record(
             "per_example_forward": None,
             "analytical_per_example_forward": None,
             "method": sidecar.get("flops_method", "given by the submitter with the log"),
+            "basis": sidecar.get("flop_basis", "submitter"),
             "counted_op_types": [],
             "uncounted_op_types": [],
             "total": None if examples is None else flops * examples,

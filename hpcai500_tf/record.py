@@ -17,7 +17,7 @@ from typing import Any
 from hpcai500_tf.config import LAYER_IDS
 from hpcai500_tf.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: SPEC section 3's end-of-run reading, first crossing kept; FLOP basis
 KIND = "hpcai500-record"
 STATUSES = ("completed", "diverged", "stopped", "imported")
 LAYER_KEYS = {
@@ -63,6 +63,8 @@ _SCHEMA: dict[str, Any] = {
         "reached_target": "bool",
         "time_to_quality_s": "num?",
         "examples_to_quality": "int?",
+        "reading": "str",
+        "first_crossing": "dict?",
         "curve": [_CURVE_POINT],
     },
     "flops": {
@@ -70,6 +72,7 @@ _SCHEMA: dict[str, Any] = {
         "per_example_forward": "num?",
         "analytical_per_example_forward": "num?",
         "method": "str",
+        "basis": "str",
         "counted_op_types": ["str"],
         "uncounted_op_types": ["str"],
         "total": "num?",
@@ -158,6 +161,32 @@ def _check_values(record: dict, path: Path) -> None:
     for key in ("target", "achieved", "final"):
         if quality[key] is not None and not 0 < quality[key] <= 1:
             raise bad(f"quality.{key}", "in (0, 1]", quality[key])
+    problem = record["layers"]["L9"]
+    if problem.get("target_quality") != quality["target"]:
+        raise bad(
+            "quality.target",
+            f"the problem's target (layers.L9.target_quality = {problem.get('target_quality')!r})",
+            quality["target"],
+        )
+    if problem.get("quality_metric") != quality["metric"]:
+        raise bad(
+            "quality.metric",
+            f"the problem's metric (layers.L9.quality_metric = {problem.get('quality_metric')!r})",
+            quality["metric"],
+        )
+    if quality["achieved"] is not None and quality["reached_target"] != (
+        quality["achieved"] >= quality["target"]
+    ):
+        raise bad(
+            "quality.reached_target",
+            "whether quality.achieved is at or above quality.target",
+            quality["reached_target"],
+        )
+    crossing = quality["first_crossing"]
+    if crossing is not None:
+        _check(crossing, _CURVE_POINT, "quality.first_crossing", path)
+        if crossing["value"] < quality["target"]:
+            raise bad("quality.first_crossing.value", "at or above quality.target", crossing)
     for index, point in enumerate(quality["curve"]):
         if not 0 <= point["value"] <= 1:
             raise bad(f"quality.curve[{index}].value", "in [0, 1]", point["value"])
@@ -172,6 +201,8 @@ def _check_values(record: dict, path: Path) -> None:
         if segment["stop"] <= segment["start"]:
             raise bad(f"timeline.segments[{index}].stop", "after its start", segment["stop"])
     flops = record["flops"]
+    if flops["basis"] not in FLOP_BASES:
+        raise bad("flops.basis", f"one of {', '.join(FLOP_BASES)}", flops["basis"])
     if flops["per_example_training"] <= 0:
         raise bad("flops.per_example_training", "> 0", flops["per_example_training"])
     examples = quality["examples_to_quality"]
@@ -207,10 +238,12 @@ def validate(record: Any, path: Path | str = "<record>") -> dict:
     if record.get("kind") != KIND:
         raise UserError(f"{path}: not an hpcai500 record (field 'kind' must be '{KIND}')")
     version = record.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version == 1:
+        record = migrate_from_v1(record, path)
+    elif version != SCHEMA_VERSION:
         raise UserError(
             f"{path}: schema_version {version!r} is not supported "
-            f"(this tool reads {SCHEMA_VERSION})"
+            f"(this tool reads 1 and {SCHEMA_VERSION})"
         )
     _check(record, _SCHEMA, "", path)
     _check_values(record, path)
@@ -269,10 +302,16 @@ def new_run_dir(out_dir: str | Path, benchmark: str, preset: str) -> Path:
     return run_dir
 
 
-def quality_result(
-    curve: list[dict], target: float, total_s: float, examples: int, measured: bool
-) -> dict:
-    """Time-to-quality is the first evaluation at or above target; else the whole run."""
+READING = (
+    "end of the run: the quality of the last evaluation, at the end of the last required epoch, "
+    "and the time to it (SPEC section 3)"
+)
+
+
+def quality_result(curve: list[dict], target: float, measured: bool) -> dict:
+    """The score's reading (SPEC section 3): the run is timed to its last evaluation, which
+    ends the last required epoch, and scored by the quality it ends with. The first
+    evaluation at or above target (what MLPerf would time) is kept beside it."""
     result = {
         "measured": measured,
         "reached_target": False,
@@ -280,19 +319,64 @@ def quality_result(
         "final": None,
         "time_to_quality_s": None,
         "examples_to_quality": None,
+        "reading": READING,
+        "first_crossing": None,
     }
     if not measured or not curve:
         return result
-    reached = next((p for p in curve if p["value"] >= target), None)
-    point = reached or {"elapsed_s": total_s, "examples": examples, "value": curve[-1]["value"]}
+    end = curve[-1]
+    first = next((p for p in curve if p["value"] >= target), None)
     result.update(
-        reached_target=reached is not None,
-        achieved=point["value"] or None,
-        final=curve[-1]["value"] or None,
-        time_to_quality_s=point["elapsed_s"],
-        examples_to_quality=point["examples"],
+        reached_target=end["value"] >= target,
+        achieved=end["value"] or None,
+        final=end["value"] or None,
+        time_to_quality_s=end["elapsed_s"],
+        examples_to_quality=end["examples"],
+        first_crossing=None if first is None else dict(first),
     )
     return result
+
+
+def migrate_from_v1(record: dict, path: Path | str) -> dict:
+    """A schema-1 record in schema 2: re-read at the end of the run (schema 1 timed the first
+    evaluation at or above target) and name its FLOP basis. The file is not changed."""
+    try:
+        migrated = json.loads(json.dumps(record))
+        quality, flops = migrated["quality"], migrated["flops"]
+        curve = quality["curve"]
+        measured = quality["measured"]
+        quality.update(quality_result(curve, quality["target"], measured))
+        examples = quality["examples_to_quality"]
+        if examples is not None:
+            flops["total"] = flops["per_example_training"] * examples
+        flops["basis"] = basis_from_method(flops["method"], migrated["source"]["framework"])
+    except (KeyError, TypeError, AttributeError) as error:
+        raise UserError(f"{path}: a schema-1 record missing what it needs ({error!r})") from None
+    migrated["schema_version"] = SCHEMA_VERSION
+    migrated.setdefault("warnings", []).append(
+        "read from schema 1: re-scored at the end of the run (schema 1 timed the first "
+        "evaluation at or above target)"
+    )
+    return migrated
+
+
+FLOP_BASES = {
+    "tensorflow-profiler": "TensorFlow's op statistics over the train step that ran",
+    "pytorch-flop-counter": "torch.utils.flop_counter over one train step (no update)",
+    "analytical-resnet50-v1": "ResNet-50 v1: 3.86 GMACs forward x 2 x 3 = 23.16 GFLOPs/image",
+    "submitter": "a count given by the submitter with an imported log",
+}
+
+
+def basis_from_method(method: str, framework: str) -> str:
+    """The FLOP basis a schema-1 record's count was made on, from its method text."""
+    if method.startswith("TensorFlow registered op statistics"):
+        return "tensorflow-profiler"
+    if method.startswith("torch.utils.flop_counter"):
+        return "pytorch-flop-counter"
+    if method.startswith("analytical: ResNet-50 (v1)"):
+        return "analytical-resnet50-v1"
+    return "submitter"
 
 
 def training_throughput(record: dict) -> float | None:

@@ -1,8 +1,12 @@
 """Scores derived from a record: FLOPS, Valid FLOPS, Valid FLOPS per watt; ranking of submissions.
 
 FLOPS = total FLOPs / time-to-quality. Valid FLOPS = FLOPS x (achieved / target)^n, as
-published (no cap unless asked). Valid FLOPS per watt = Valid FLOPS / average measured power
-over the measured scope (see `energy`); absent, with the reason, when nothing was measured.
+published (no cap unless asked). The reading is SPEC section 3's: the run timed to the end of
+its last required epoch and scored by the quality it ends with (the record's `quality` block);
+the first evaluation at or above target is shown beside it. A convention (config: stated, or
+e.g. published-2020) names the exponent and the FLOP basis. Valid FLOPS per watt = Valid
+FLOPS / average measured power over the measured scope (see `energy`); absent, with the reason,
+when nothing was measured.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ class Score:
     average_watts: float | None
     valid_flops_per_watt: float | None
     energy_note: str
+    convention: str = "stated"
+    flop_basis: str = ""
+    reading: str = ""
+    first_crossing_s: float | None = None  # MLPerf's reading: the first evaluation on target
 
 
 def quality_factor(quality: float, target: float, exponent: float, cap: bool = False) -> float:
@@ -54,17 +62,25 @@ def valid_flops(
     return total_flops / seconds * quality_factor(quality, target, exponent, cap)
 
 
-def score(record: dict, benchmark: Benchmark, cap: bool = False) -> Score:
-    """Recompute a record's scores; target from the run's problem (L9), n from the benchmark."""
+def score(
+    record: dict, benchmark: Benchmark, cap: bool = False, convention: str = "stated"
+) -> Score:
+    """Recompute a record's scores; the target is the problem's (L9, which the validator holds
+    equal to quality.target), n and the FLOP basis the convention's."""
+    rule = benchmark.convention(convention)
     quality = record["quality"]
     if record["status"] not in ("completed", "imported"):
         raise UserError(f"cannot score a run whose status is '{record['status']}'")
     if not quality["measured"]:
         raise UserError("cannot score a throughput-only run: its quality was not measured")
     target = quality["target"]
-    factor = quality_factor(quality["achieved"], target, benchmark.penalty_exponent, cap)
+    factor = quality_factor(quality["achieved"], target, rule.penalty_exponent, cap)
     seconds = quality["time_to_quality_s"]
-    total = record["flops"]["total"]
+    if rule.flops_per_example is None:
+        total, basis = record["flops"]["total"], record["flops"]["basis"]
+    else:
+        total = rule.flops_per_example * quality["examples_to_quality"]
+        basis = rule.flop_basis
     flops = total / seconds
     valid = flops * factor
     energy = record["energy"]
@@ -83,9 +99,9 @@ def score(record: dict, benchmark: Benchmark, cap: bool = False) -> Score:
     return Score(
         quality=quality["achieved"],
         target=target,
-        penalty_exponent=benchmark.penalty_exponent,
+        penalty_exponent=rule.penalty_exponent,
         quality_factor=factor,
-        capped=cap and (quality["achieved"] / target) ** benchmark.penalty_exponent > 1,
+        capped=cap and (quality["achieved"] / target) ** rule.penalty_exponent > 1,
         time_to_quality_s=seconds,
         total_flops=total,
         flops=flops,
@@ -93,6 +109,21 @@ def score(record: dict, benchmark: Benchmark, cap: bool = False) -> Score:
         average_watts=watts,
         valid_flops_per_watt=per_watt,
         energy_note=note,
+        convention=rule.name,
+        flop_basis=basis,
+        reading=quality["reading"],
+        first_crossing_s=(quality["first_crossing"] or {}).get("elapsed_s"),
+    )
+
+
+def mixed_bases(scores: list[Score]) -> str | None:
+    """A warning when scores count FLOPs on different bases (their FLOPS are not alike)."""
+    bases = sorted({s.flop_basis for s in scores})
+    if len(bases) < 2:
+        return None
+    return (
+        f"FLOPs counted on different bases ({', '.join(bases)}): FLOPS and Valid FLOPS of "
+        "these records are not counted alike; --convention published-2020 puts them on one"
     )
 
 
@@ -158,6 +189,8 @@ class Ranking:
     level: str
     submissions: list[Submission]
     refused: list[tuple[str, list[str]]]
+    convention: str = "stated"
+    warnings: list[str] = field(default_factory=list)
 
 
 def _label(record: dict) -> str:
@@ -176,6 +209,7 @@ def rank(
     level: Level,
     repeatability: Repeatability,
     cap: bool = False,
+    convention: str = "stated",
 ) -> Ranking:
     """Rank records by Valid FLOPS at a level, grouping equal-layer records into submissions."""
     groups: dict[str, Submission] = {}
@@ -188,7 +222,7 @@ def rank(
         key = json.dumps(record["layers"], sort_keys=True)
         submission = groups.setdefault(key, Submission(label=_label(record)))
         submission.paths.append(path)
-        submission.scores.append(score(record, benchmark, cap))
+        submission.scores.append(score(record, benchmark, cap, convention))
     for submission in groups.values():
         valid = [s.valid_flops for s in submission.scores]
         times = [s.time_to_quality_s for s in submission.scores]
@@ -203,13 +237,18 @@ def rank(
             for cv in (submission.cv_valid_flops, submission.cv_time_to_quality)
         )
     ordered = sorted(groups.values(), key=lambda s: s.valid_flops, reverse=True)
-    return Ranking(benchmark.name, level.name, ordered, refused)
+    warning = mixed_bases([x for s in ordered for x in s.scores])
+    return Ranking(
+        benchmark.name, level.name, ordered, refused, convention, [warning] if warning else []
+    )
 
 
 def ranking_to_json(ranking: Ranking) -> dict:
     return {
         "benchmark": ranking.benchmark,
         "level": ranking.level,
+        "convention": ranking.convention,
+        "warnings": ranking.warnings,
         "submissions": [
             {
                 "rank": position,
@@ -218,6 +257,7 @@ def ranking_to_json(ranking: Ranking) -> dict:
                 "records": [str(Path(p)) for p in s.paths],
                 "valid_flops": s.valid_flops,
                 "time_to_quality_s": s.time_to_quality_s,
+                "flop_basis": sorted({x.flop_basis for x in s.scores}),
                 "cv_valid_flops": s.cv_valid_flops,
                 "cv_time_to_quality": s.cv_time_to_quality,
                 "flagged_variation": s.flagged,

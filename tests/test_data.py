@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf.data import imagenet, procedural
+from hpcai500_tf.data import imagenet, procedural, tfrecords
 from hpcai500_tf.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def imagenet_dir(tmp_path_factory):
 def test_converter_writes_the_standard_layout(imagenet_dir):
     names = sorted(p.name for p in imagenet_dir.iterdir())
     assert names == ["train-00000-of-00002", "train-00001-of-00002", "validation-00000-of-00001"]
-    assert imagenet.count_examples(imagenet_dir, "train") == 12
+    assert sum(tfrecords.count_records(p) for p in imagenet_dir.glob("train-*")) == 12
 
 
 def test_converter_refuses_to_overwrite_and_bad_sources(tmp_path, imagenet_dir):
@@ -92,8 +92,8 @@ def test_missing_empty_and_corrupt_data(tmp_path, imagenet_dir):
     broken.mkdir()
     data = (imagenet_dir / "train-00000-of-00002").read_bytes()
     (broken / "train-00000-of-00001").write_bytes(data[: len(data) // 2])
-    with pytest.raises(UserError, match="corrupt or truncated TFRecord"):
-        imagenet.count_examples(broken, "train")
+    with pytest.raises(UserError, match="train-00000-of-00001: truncated TFRecord file"):
+        imagenet.split_facts(broken, "train")
 
 
 def test_procedural_data_is_deterministic_and_labelled():

@@ -126,7 +126,7 @@ def test_ranking_orders_by_valid_flops(published_record, ic):
     ranking = scoring.rank(
         [("g", published_record), ("s", slow)], ic, levels["free"], repeatability
     )
-    assert [s.label for s in ranking.submissions] == ["another system", "1024 x TPU v3"]
+    assert [s.label for s in ranking.submissions] == ["another system", "Google (1024 TPU v3)"]
     penalised = ranking.submissions[0].valid_flops
     assert penalised == pytest.approx(published_record["flops"]["total"] / 72 * 0.9238, rel=1e-3)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcai500_tf.data.listing import write_json_atomic
 from hpcai500_tf.errors import UserError
 
 CHANNELS = (
@@ -33,6 +34,7 @@ CHANNELS = (
 )  # fmt: skip
 CLASSES = ("tropical_depression", "tropical_cyclone", "extratropical_cyclone", "atmospheric_river")
 MAX_BOXES = 15
+PUBLISHED_IMAGE_SHAPE = (768, 1152)  # height, width of the published files
 STATS_FILE = "normalization.json"
 _YEAR = re.compile(r"(\d{4})")
 
@@ -170,17 +172,10 @@ def normalization(files: list[Path], data_dir: Path, samples_per_file: int = 64)
         "std": std.tolist(),
     }
     try:
-        _write_json_atomic(stats_path, stats)
+        write_json_atomic(stats_path, stats)
     except OSError:
         pass  # a read-only data directory: computed again next time
     return stats
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2)
-    os.replace(tmp, path)
 
 
 def dataset(

@@ -2,14 +2,22 @@
 preprocessing: training takes a random crop inside the bounding box (area 5-100 %, aspect
 3/4-4/3), flips it and resizes to the model size; evaluation resizes and takes the centre crop
 (87.5 % of the shorter side). Labels are `image/class/label` minus a configurable offset.
+
+Before a run, each split's records are counted from the TFRecord headers (no image decoded) and
+the labels of the first records of each shard are read; both are kept in a count cache beside
+the data, keyed by a fingerprint of the shard listing.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
+from hpcai500_tf.data import listing, tfrecords
 from hpcai500_tf.errors import UserError
 
 FEATURES = {
@@ -125,13 +133,67 @@ def imagenet_dataset(
     )
 
 
-def count_examples(data_dir: str | Path, split: str) -> int:
-    """Records in a split (one pass over the files; a truncated file raises a clear error)."""
-    total = 0
-    for path in shard_files(data_dir, split):
+LABEL_SAMPLE_PER_SHARD = 4
+COUNT_METHOD = "TFRecord length headers, each length's CRC-32C checked; no record decoded"
+LABEL_SAMPLE_METHOD = (
+    f"image/class/label of the first {LABEL_SAMPLE_PER_SHARD} records of each shard "
+    "(a sample: not every record is read)"
+)
+
+
+@dataclass(frozen=True)
+class SplitFacts:
+    """What a split's shards hold: records counted, a fingerprint of the listing, and the
+    labels of a sample of records (label -> how often)."""
+
+    records: int
+    fingerprint: str
+    sampled_labels: dict[int, int]
+
+
+def split_facts(data_dir: str | Path, split: str) -> SplitFacts:
+    """Count a split's records from the TFRecord headers and sample its labels, or take both
+    from the count cache while the shard listing is unchanged (see `listing`)."""
+    files = [Path(p) for p in shard_files(data_dir, split)]
+    fingerprint = listing.fingerprint(files)
+    kept = listing.load(data_dir, split, fingerprint)
+    if kept and kept.get("label_sample_per_shard") == LABEL_SAMPLE_PER_SHARD:
         try:
-            for _ in tf.data.TFRecordDataset(path):
-                total += 1
-        except tf.errors.DataLossError:
-            raise UserError(f"{path}: corrupt or truncated TFRecord file") from None
-    return total
+            labels = {int(label): int(n) for label, n in kept["sampled_labels"]}
+            return SplitFacts(int(kept["records"]), fingerprint, labels)
+        except (KeyError, TypeError, ValueError):
+            pass  # a damaged cache entry: found again below
+    facts = SplitFacts(
+        sum(tfrecords.count_records(path) for path in files),
+        fingerprint,
+        dict(sorted(Counter(label for path in files for label in _first_labels(path)).items())),
+    )
+    listing.store(
+        data_dir,
+        split,
+        {
+            "fingerprint": fingerprint,
+            "records": facts.records,
+            "label_sample_per_shard": LABEL_SAMPLE_PER_SHARD,
+            "sampled_labels": [[label, n] for label, n in facts.sampled_labels.items()],
+        },
+    )
+    return facts
+
+
+def _first_labels(path: Path) -> list[int]:
+    labels = []
+    for offset, data in tfrecords.first_records(path, LABEL_SAMPLE_PER_SHARD):
+        try:
+            example = tf.train.Example.FromString(data)
+        except DecodeError:
+            raise UserError(
+                f"{path}: the record at offset {offset} is not a tf.train.Example"
+            ) from None
+        values = example.features.feature["image/class/label"].int64_list.value
+        if len(values) != 1:
+            raise UserError(
+                f"{path}: the record at offset {offset} has no single 'image/class/label'"
+            )
+        labels.append(int(values[0]))
+    return labels

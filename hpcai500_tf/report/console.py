@@ -74,8 +74,26 @@ def score_table(path: str, record: dict, score: Score) -> Table:
     table.add_row(
         "Quality", f"{score.quality:.4f} {quality['metric']} (target {score.target}, {reached})"
     )
-    table.add_row("Time to quality", duration(score.time_to_quality_s))
-    table.add_row("Total FLOPs", f"{score.total_flops:.4g} ({record['flops']['method']})")
+    table.add_row(
+        "Time to quality",
+        f"{duration(score.time_to_quality_s)} (the score's reading: the end of "
+        "the last required epoch, SPEC section 3)",
+    )
+    crossing = quality["first_crossing"]
+    table.add_row(
+        "First on target",
+        "never"
+        if crossing is None
+        else f"{duration(crossing['elapsed_s'])} at epoch {crossing['epoch']:g}, quality "
+        f"{crossing['value']:.4f} (MLPerf's reading; not scored)",
+    )
+    method = (
+        record["flops"]["method"]
+        if score.flop_basis == record["flops"]["basis"]
+        else (f"recounted on the {score.flop_basis} basis of the '{score.convention}' convention")
+    )
+    table.add_row("Total FLOPs", f"{score.total_flops:.4g} ({method})")
+    table.add_row("FLOP basis", f"{score.flop_basis} (convention: {score.convention})")
     table.add_row("FLOPS", si(score.flops, "FLOPS"))
     penalty = f"(q/target)^{score.penalty_exponent:g} = {score.quality_factor:.4f}"
     if score.capped:
@@ -100,13 +118,17 @@ def score_table(path: str, record: dict, score: Score) -> Table:
 
 
 def ranking_table(ranking: Ranking) -> Table:
-    table = Table(title=f"{ranking.benchmark}: {ranking.level} level")
+    table = Table(
+        title=f"{ranking.benchmark}: {ranking.level} level, convention {ranking.convention}",
+        caption="\n".join(ranking.warnings) or None,
+    )
     for column in (
         "#",
         "System",
         "Runs",
         "Valid FLOPS",
         "Time to quality",
+        "FLOP basis",
         "CV time",
         "CV Valid FLOPS",
     ):
@@ -124,6 +146,7 @@ def ranking_table(ranking: Ranking) -> Table:
             str(len(s.paths)),
             si(s.valid_flops, "FLOPS"),
             duration(s.time_to_quality_s),
+            ", ".join(sorted({x.flop_basis for x in s.scores})),
             cv(s.cv_time_to_quality, s.flagged),
             cv(s.cv_valid_flops, s.flagged),
         )

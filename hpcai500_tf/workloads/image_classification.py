@@ -6,14 +6,16 @@ about images. Nothing here knows about strategies beyond the shard it is handed.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from hpcai500_tf import config
 from hpcai500_tf.config import section
-from hpcai500_tf.data import imagenet, procedural
+from hpcai500_tf.data import imagenet, listing, procedural
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models import resnet
 
@@ -22,6 +24,7 @@ DATASET_NAMES = {
     "procedural": "procedural-gratings",
     "random": "random (quality not measured)",
 }
+SPLITS = {"train": "train_examples", "validation": "eval_examples"}  # as named in data.*
 
 
 @dataclass(frozen=True)
@@ -81,16 +84,76 @@ class ImageClassification:
                 f"this preset generates its data ({self.data.source}); "
                 "drop --data or use a preset with data.source = 'imagenet'"
             )
-        self.train_examples = self._count("train", self.data.train_examples)
-        self.eval_examples = self._count("validation", self.data.eval_examples)
+        self.data_name = DATASET_NAMES[self.data.source]
+        self.facts: dict = {}  # L9 facts found in the data (none for generated data)
+        self.train_examples = self.data.train_examples
+        self.eval_examples = self.data.eval_examples
+        if self.data.source == "imagenet":
+            self._verify_data()
 
-    def _count(self, split: str, configured: int) -> int:
-        if configured:
-            return configured
-        count = imagenet.count_examples(self.data_dir, split)
-        if count == 0:
-            raise UserError(f"{self.data_dir}: the {split} shards hold no records")
-        return count
+    def _verify_data(self) -> None:
+        """Count and fingerprint both splits and sample their labels; compare them with the
+        benchmark's reference data. A difference is recorded, never silent: L9 then names the
+        data for what they are and lists each difference (the run is not rankable)."""
+        d = self.data
+        reference = config.resolve_preset(config.load_benchmark(self.name), "reference")["data"]
+        splits = {split: imagenet.split_facts(self.data_dir, split) for split in SPLITS}
+        for split, facts in splits.items():
+            if facts.records == 0:
+                raise UserError(f"{self.data_dir}: the {split} shards hold no records")
+        counted = {SPLITS[split]: facts.records for split, facts in splits.items()}
+        self.train_examples = d.train_examples or counted["train_examples"]
+        self.eval_examples = d.eval_examples or counted["eval_examples"]
+        differences = []
+        for split, key in SPLITS.items():
+            records = counted[key]
+            if records != reference[key]:
+                differences.append(
+                    f"the {split} split holds {records:,} records, ImageNet-1k's {reference[key]:,}"
+                )
+            configured = getattr(d, key)
+            if configured and configured != records:
+                differences.append(
+                    f"data.{key} = {configured:,} is used instead of the {records:,} records"
+                )
+        if (d.num_classes, d.label_offset) != (reference["num_classes"], reference["label_offset"]):
+            differences.append(
+                f"data.num_classes {d.num_classes} with label_offset {d.label_offset}, the "
+                f"reference's {reference['num_classes']} with {reference['label_offset']}"
+            )
+        labels = Counter()
+        for facts in splits.values():
+            labels.update(facts.sampled_labels)
+        low, high = d.label_offset, d.label_offset + d.num_classes - 1
+        outside = sum(n for label, n in labels.items() if not low <= label <= high)
+        if outside:
+            differences.append(
+                f"{outside} of {labels.total()} sampled labels lie outside {low}-{high} "
+                "(data.label_offset to + data.num_classes - 1)"
+            )
+        if counted != {key: reference[key] for key in counted}:
+            self.data_name = (
+                f"imagenet-format TFRecords ({counted['train_examples']:,} train, "
+                f"{counted['eval_examples']:,} validation records)"
+            )
+        self.facts = {
+            **counted,
+            "record_count_method": imagenet.COUNT_METHOD,
+            "data_fingerprint": {
+                **{split: facts.fingerprint for split, facts in splits.items()},
+                "method": listing.FINGERPRINT_METHOD,
+            },
+            "label_check": {
+                "method": imagenet.LABEL_SAMPLE_METHOD,
+                "records": labels.total(),
+                "min": min(labels, default=None),
+                "max": max(labels, default=None),
+                "allowed_min": low,
+                "allowed_max": high,
+                "outside": outside,
+            },
+            "data_differences": differences,
+        }
 
     @property
     def measures_quality(self) -> bool:
@@ -162,7 +225,13 @@ class ImageClassification:
         }
 
     def dataset_name(self) -> str:
-        return DATASET_NAMES[self.data.source]
+        """L9's dataset: "imagenet-1k" only for shards with ImageNet-1k's split sizes."""
+        return self.data_name
+
+    def problem_layer(self) -> dict:
+        """L9 facts verified from the data (record counts, fingerprints, the label check and
+        every difference from the benchmark's reference data); empty for generated data."""
+        return dict(self.facts)
 
     def analytical_forward_flops(self, model: keras.Model) -> float:
         return resnet.analytical_forward_flops(model)

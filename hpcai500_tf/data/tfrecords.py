@@ -1,0 +1,132 @@
+"""TFRecord framing without TensorFlow: count records from their length headers, read the first
+few, and write records (for tests and benchmarks).
+
+A TFRecord file is a sequence of records, each
+    uint64 length | uint32 masked CRC-32C of the length | length bytes of data | uint32 masked
+    CRC-32C of the data
+all little-endian. Counting reads only the 12-byte headers and checks each length's CRC; the
+data are skipped, never read or decoded.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from hpcai500_tf.errors import UserError
+
+HEADER = struct.Struct("<QI")
+FOOTER_BYTES = 4
+_MASK_DELTA = 0xA282EAD8
+
+
+def _crc32c_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):  # reflected Castagnoli polynomial
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
+    return table.astype(np.uint32)
+
+
+_TABLE = _crc32c_table()
+_TABLE_LIST = _TABLE.tolist()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli) of `data`."""
+    crc = 0xFFFFFFFF
+    table = _TABLE_LIST
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked_crc(data: bytes) -> int:
+    """The masked CRC-32C a TFRecord stores."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _masked_crcs_of_lengths(lengths: np.ndarray) -> np.ndarray:
+    """The masked CRC-32C of each length's 8 little-endian bytes, for many lengths at once."""
+    data = lengths.astype("<u8").view(np.uint8).reshape(-1, 8)
+    crc = np.full(len(lengths), 0xFFFFFFFF, np.uint32)
+    for column in range(8):
+        crc = _TABLE[(crc ^ data[:, column]) & 0xFF] ^ (crc >> 8)
+    crc ^= np.uint32(0xFFFFFFFF)
+    return ((crc >> 15) | (crc << 17)) + np.uint32(_MASK_DELTA)  # uint32 wraps as it should
+
+
+def frame(data: bytes) -> bytes:
+    """One record: header, data, footer."""
+    length = struct.pack("<Q", len(data))
+    return (
+        length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data))
+    )
+
+
+def count_records(path: str | Path) -> int:
+    """Records in one file, from its headers; UserError naming file and offset when a length's
+    CRC does not match or the file ends inside a record."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    offsets, lengths, crcs = [], [], []
+    truncated_at = None
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        position = 0
+        unpack = HEADER.unpack_from
+        while position < size:
+            if position + HEADER.size > size:
+                truncated_at = position
+                break
+            length, crc = unpack(m, position)
+            offsets.append(position)
+            lengths.append(length)
+            crcs.append(crc)
+            position += HEADER.size + length + FOOTER_BYTES
+        if truncated_at is None and position > size:
+            truncated_at = offsets[-1]
+    bad = np.flatnonzero(
+        _masked_crcs_of_lengths(np.asarray(lengths, np.uint64)) != np.asarray(crcs, np.uint32)
+    )
+    if bad.size:
+        raise UserError(
+            f"{path}: corrupt TFRecord file: the length header at offset {offsets[bad[0]]} "
+            "fails its CRC"
+        )
+    if truncated_at is not None:
+        raise UserError(
+            f"{path}: truncated TFRecord file: the record at offset {truncated_at} "
+            f"runs past the end ({size} bytes)"
+        )
+    return len(offsets)
+
+
+def first_records(path: str | Path, count: int) -> list[tuple[int, bytes]]:
+    """(offset, data) of the first `count` records; the length CRCs are checked, the data's
+    are not."""
+    path = Path(path)
+    records = []
+    with path.open("rb") as handle:
+        while len(records) < count:
+            offset = handle.tell()
+            header = handle.read(HEADER.size)
+            if not header:
+                break
+            if len(header) < HEADER.size:
+                raise UserError(f"{path}: truncated TFRecord file at offset {offset}")
+            length, crc = HEADER.unpack(header)
+            if masked_crc(header[:8]) != crc:
+                raise UserError(
+                    f"{path}: corrupt TFRecord file: the length header at offset {offset} "
+                    "fails its CRC"
+                )
+            data = handle.read(length)
+            if len(data) < length or len(handle.read(FOOTER_BYTES)) < FOOTER_BYTES:
+                raise UserError(f"{path}: truncated TFRecord file at offset {offset}")
+            records.append((offset, data))
+    return records

@@ -1,0 +1,188 @@
+"""The verdict (`score`, `rank`): one target, SPEC section 3's reading, imported logs held to
+the epoch budget, FLOP bases named, old records re-read, and the published 2020 ranking
+reproduced."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf import config, mlperf_import, record, scoring
+from hpcai500_tf.cli import main
+from hpcai500_tf.errors import UserError
+
+from .conftest import set_result
+from .test_compare import _hand_written, _log_line
+
+PUBLISHED = sorted((Path(__file__).resolve().parents[1] / "examples/published_2020").glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def ic():
+    return config.load_benchmark("image_classification")
+
+
+@pytest.fixture(scope="module")
+def levels():
+    return config.load_levels()
+
+
+# ------------------------------------------------------------------------ the published ranking
+
+
+def test_the_nine_published_entries_come_back_in_the_published_order(ic, levels):
+    records = [(str(p), record.load(p)) for p in PUBLISHED]
+    assert len(records) == 9
+    published_order = sorted(records, key=lambda r: r[1]["config"]["published"]["rank"])
+    for convention in ("stated", "published-2020"):
+        ranking = scoring.rank(records, ic, levels[0]["free"], levels[1], convention=convention)
+        assert not ranking.refused and not ranking.warnings
+        assert [s.paths[0] for s in ranking.submissions] == [p for p, _ in published_order]
+
+
+def test_the_ranking_conventions_bring_back_each_published_figure(ic):
+    """n = 10 over ResNet-50 v1's analytical count: every row within 3 % but Facebook's
+    (+6 %: its '60 min' is a round figure; 0.70 PFLOPS implies 63 min at that budget). The
+    stated n = 5 leaves the rows below target 2.7-12 % high."""
+    outside = {}
+    for path in PUBLISHED:
+        rec = record.load(path)
+        published = rec["config"]["published"]["valid_pflops"] * 1e15
+        ours = scoring.score(rec, ic, convention="published-2020").valid_flops
+        if abs(ours / published - 1) > 0.03:
+            outside[path.stem] = round(ours / published - 1, 3)
+        stated = scoring.score(rec, ic).valid_flops
+        if rec["quality"]["achieved"] < 0.763:
+            assert stated / published - 1 > 0.02  # the stated rule leaves them high
+    assert outside == {"9_facebook": pytest.approx(0.06, abs=0.005)}
+
+
+def test_rank_places_a_users_record_among_the_published_ones(published_record, tmp_path, capsys):
+    mine = set_result(copy.deepcopy(published_record), seconds=400.0, quality=0.765)
+    mine["layers"]["L1"] = {"summary": "my cluster"}
+    mine["flops"]["basis"] = "tensorflow-profiler"
+    mine["flops"]["per_example_training"] = 24.42e9
+    mine["flops"]["total"] = 24.42e9 * mine["quality"]["examples_to_quality"]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(mine))
+    assert main(["rank", str(path), "--published", "--json"]) == 0
+    stated, ranking_own = json.loads(capsys.readouterr().out)
+    assert (stated["convention"], ranking_own["convention"]) == ("stated", "published-2020")
+    labels = [s["label"] for s in stated["submissions"]]
+    assert len(labels) == 10 and labels.index("my cluster") == 3  # between Sony and Tencent
+    assert "different bases" in stated["warnings"][0]  # its own v1.5 profile vs v1 analytical
+    assert not ranking_own["warnings"]  # the ranking's convention recounts every record alike
+    mine_there = next(s for s in ranking_own["submissions"] if s["label"] == "my cluster")
+    assert mine_there["flop_basis"] == ["analytical-resnet50-v1"]
+
+
+# ------------------------------------------------------------------------ one target
+
+
+def test_a_record_whose_target_disagrees_with_its_problem_is_refused(published_record):
+    edited = copy.deepcopy(published_record)
+    edited["quality"]["target"] = 0.5
+    with pytest.raises(UserError, match=r"quality.target.*layers.L9.target_quality = 0.763"):
+        record.validate(edited)
+    edited = copy.deepcopy(published_record)
+    edited["quality"]["metric"] = "top5_accuracy"
+    with pytest.raises(UserError, match="quality.metric"):
+        record.validate(edited)
+
+
+def test_reached_target_must_agree_with_the_quality(published_record):
+    edited = copy.deepcopy(published_record)
+    edited["quality"]["achieved"] = 0.7
+    with pytest.raises(UserError, match="reached_target"):
+        record.validate(edited)
+
+
+def test_an_import_takes_its_target_from_the_problem_it_states(tmp_path):
+    log = _hand_written(tmp_path)
+    sidecar = {
+        "framework": "pytorch",
+        "flops_per_example": 2e10,
+        "layers": {"L9": {"dataset": "imagenet-1k", "target_quality": 0.5, "epochs": 2}},
+    }
+    rec, _ = mlperf_import.build_record(str(log), sidecar)
+    assert rec["quality"]["target"] == rec["layers"]["L9"]["target_quality"] == 0.5
+    record.validate(rec)
+    assert not rec["rankable"]
+
+
+# ------------------------------------------------------------------------ SPEC section 3
+
+
+def test_the_score_reads_the_end_of_the_run_and_keeps_the_first_crossing():
+    curve = [
+        {"epoch": 84, "elapsed_s": 840.0, "examples": 84, "value": 0.75},
+        {"epoch": 88, "elapsed_s": 880.0, "examples": 88, "value": 0.7631},
+        {"epoch": 90, "elapsed_s": 900.0, "examples": 90, "value": 0.760},
+    ]
+    result = record.quality_result(curve, 0.763, measured=True)
+    assert result["achieved"] == 0.760 and not result["reached_target"]
+    assert result["time_to_quality_s"] == 900.0 and result["examples_to_quality"] == 90
+    assert result["first_crossing"] == curve[1]
+
+
+def test_an_import_that_trained_fewer_epochs_than_the_budget_is_not_rankable(tmp_path):
+    log = _hand_written(tmp_path)  # two epochs; the benchmark's budget is 90
+    rec, _ = mlperf_import.build_record(str(log), {"framework": "x", "flops_per_example": 1.0})
+    assert any(
+        "trained 2 epochs, fewer than the problem's 90" in r for r in rec["not_rankable_reasons"]
+    )
+    lines = log.read_text().splitlines()
+    lines.insert(-1, _log_line("eval_accuracy", 0.9, time_ms=31_500, epoch_num=90))
+    log.write_text("\n".join(lines) + "\n")
+    rec, _ = mlperf_import.build_record(str(log), {"framework": "x", "flops_per_example": 1.0})
+    assert not any("fewer than" in r for r in rec["not_rankable_reasons"])
+
+
+def test_a_schema_1_record_is_re_read_at_the_end_of_its_run(published_record, tmp_path, ic):
+    v1 = copy.deepcopy(published_record)
+    v1["schema_version"] = 1
+    del v1["flops"]["basis"], v1["quality"]["reading"], v1["quality"]["first_crossing"]
+    v1["quality"]["curve"] = [
+        {"epoch": 80, "elapsed_s": 100.0, "examples": 1000, "value": 0.765},
+        {"epoch": 90, "elapsed_s": 132.0, "examples": 1125, "value": 0.761},
+    ]
+    v1["quality"].update(  # schema 1 timed the first evaluation on target
+        achieved=0.765, final=0.761, time_to_quality_s=100.0, examples_to_quality=1000
+    )
+    v1["flops"]["total"] = v1["flops"]["per_example_training"] * 1000
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(v1))
+    loaded = record.load(path)
+    assert loaded["schema_version"] == record.SCHEMA_VERSION
+    assert loaded["flops"]["basis"] == "analytical-resnet50-v1"
+    score = scoring.score(loaded, ic)
+    assert score.time_to_quality_s == 132.0 and score.quality == 0.761
+    assert score.first_crossing_s == 100.0
+    assert score.total_flops == pytest.approx(loaded["flops"]["per_example_training"] * 1125)
+    assert json.loads(path.read_text())["schema_version"] == 1  # the file is left as it was
+
+
+# ------------------------------------------------------------------------ FLOP basis
+
+
+def test_an_unknown_flop_basis_is_refused(published_record):
+    edited = copy.deepcopy(published_record)
+    edited["flops"]["basis"] = "guessed"
+    with pytest.raises(UserError, match="flops.basis"):
+        record.validate(edited)
+
+
+def test_score_warns_when_records_count_flops_differently(published_record, tmp_path, capsys):
+    other = copy.deepcopy(published_record)
+    other["flops"]["basis"] = "tensorflow-profiler"
+    for name, rec in (("a.json", published_record), ("b.json", other)):
+        (tmp_path / name).write_text(json.dumps(rec))
+    assert main(["score", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert "FLOPs counted on different bases" in capsys.readouterr().out
+
+
+def test_an_unknown_convention_is_one_line(published_record, tmp_path, capsys):
+    (tmp_path / "a.json").write_text(json.dumps(published_record))
+    assert main(["score", str(tmp_path / "a.json"), "--convention", "nope"]) == 2
+    assert "unknown scoring convention 'nope'" in capsys.readouterr().err
