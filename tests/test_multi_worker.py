@@ -88,10 +88,14 @@ def test_two_workers_follow_the_single_worker_loss_curve(two_worker_random):
     one, two, _, _ = two_worker_random
     assert two["layers"]["L6"]["workers"] == 2 and two["layers"]["L6"]["global_batch"] == 32
     assert one["layers"]["L6"]["global_batch"] == 32
-    # Same global batch, same repeated example: only float reduction order differs. Each
-    # epoch's last loss agrees within 5 %; a gradient scaled by 2 or 1/2 is 15-25 % off.
-    for a, b in zip(_epoch_losses(one), _epoch_losses(two), strict=True):
-        assert abs(a - b) / a < 0.05, (_epoch_losses(one), _epoch_losses(two))
+    # Same global batch, same repeated example: only float reduction order differs, and its
+    # effect compounds epoch by epoch. The first epoch's last loss agrees within 2 % (0.6 % on
+    # an AMD EPYC Zen 3; a gradient scaled by 2 or 1/2 is 15-25 % off); later epochs have
+    # drifted apart by up to 13.5 % there (AVX2 kernels), so they are held within 20 %.
+    losses = list(zip(_epoch_losses(one), _epoch_losses(two), strict=True))
+    (a, b), later = losses[0], losses[1:]
+    assert abs(a - b) / a < 0.02, losses
+    assert all(abs(a - b) / a < 0.20 for a, b in later), losses
 
 
 def test_a_two_worker_run_writes_one_valid_record(two_worker_random):
