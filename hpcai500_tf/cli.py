@@ -113,7 +113,7 @@ def _rank(args: argparse.Namespace) -> int:
     if args.max_cv is not None:
         if args.max_cv <= 0:
             raise UserError(f"--max-cv must be > 0, got {args.max_cv}")
-        repeatability = config.Repeatability(repeatability.olympic_min_runs, args.max_cv)
+        repeatability = dataclasses.replace(repeatability, max_cv=args.max_cv)
     conventions = [args.convention]
     if args.published and args.convention == "stated" and "published-2020" in benchmark.conventions:
         conventions.append("published-2020")  # the ranking's own reading beside the stated one
@@ -129,11 +129,6 @@ def _rank(args: argparse.Namespace) -> int:
 
     for ranking in rankings:
         console.print(ranking_table(ranking))
-    if any(s.flagged for s in ranking.submissions):
-        console.print(
-            f"[red]Red: variation above {repeatability.max_cv:.0%} between runs of "
-            "one submission.[/red]"
-        )
     if ranking.refused:
         console.print(refused_table(ranking.refused))
     return 0

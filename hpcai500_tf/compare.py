@@ -8,6 +8,7 @@ comparison when both solve the same problem (L9 equal) and exactly one of L1-L8 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from dataclasses import field as dataclass_field
 
 from hpcai500_tf import config, scoring
 from hpcai500_tf.errors import UserError
@@ -46,6 +47,8 @@ class Comparison:
     valid: bool
     verdict: str
     metrics: list[Metric]
+    flop_bases: tuple[str, str] = ("", "")
+    warnings: list[str] = dataclass_field(default_factory=list)
 
 
 def layer_differences(a: dict, b: dict) -> tuple[list[FieldDifference], list[FieldDifference]]:
@@ -133,7 +136,16 @@ def compare(a: dict, b: dict, cap: bool = False) -> Comparison:
     differing = sorted({d.layer for d in differences}, key=order.index)
     unknown_layers = sorted({u.layer for u in unknown}, key=order.index)
     valid, verdict = _verdict(a, b, differing, unknown_layers)
-    return Comparison(differing, differences, unknown, valid, verdict, metrics(a, b, cap))
+    bases = (a["flops"]["basis"], b["flops"]["basis"])
+    warnings = []
+    if bases[0] != bases[1]:
+        warnings.append(
+            f"FLOPs counted on different bases ({bases[0]} vs {bases[1]}): the FLOPs, FLOPS "
+            "and Valid FLOPS ratios compare counts made differently"
+        )
+    return Comparison(
+        differing, differences, unknown, valid, verdict, metrics(a, b, cap), bases, warnings
+    )
 
 
 def to_json(comparison: Comparison, path_a: str, path_b: str) -> dict:
@@ -142,6 +154,8 @@ def to_json(comparison: Comparison, path_a: str, path_b: str) -> dict:
         "b": path_b,
         "valid_single_layer_comparison": comparison.valid,
         "verdict": comparison.verdict,
+        "flop_basis": {"a": comparison.flop_bases[0], "b": comparison.flop_bases[1]},
+        "warnings": comparison.warnings,
         "differing_layers": comparison.differing_layers,
         "differences": [asdict(d) for d in comparison.differences],
         "recorded_by_one_side_only": [asdict(u) for u in comparison.unknown],

@@ -72,6 +72,8 @@ class Level:
 class Repeatability:
     olympic_min_runs: int
     max_cv: float
+    min_runs: int = 5
+    max_runs_missing_target: int = 1
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -187,6 +189,10 @@ def load_levels(config_dir: Path = CONFIG_DIR) -> tuple[dict[str, Level], Repeat
     repeatability = Repeatability(
         olympic_min_runs=_require(rep, "olympic_min_runs", int, path, "repeatability"),
         max_cv=float(_require(rep, "max_cv", (int, float), path, "repeatability")),
+        min_runs=_require(rep, "min_runs", int, path, "repeatability"),
+        max_runs_missing_target=_require(
+            rep, "max_runs_missing_target", int, path, "repeatability"
+        ),
     )
     return levels, repeatability
 

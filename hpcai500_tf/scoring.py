@@ -181,6 +181,7 @@ class Submission:
     cv_time_to_quality: float | None = None
     cv_valid_flops: float | None = None
     flagged: bool = False
+    notes: list[str] = field(default_factory=list)  # why it is flagged
 
 
 @dataclass
@@ -191,6 +192,14 @@ class Ranking:
     refused: list[tuple[str, list[str]]]
     convention: str = "stated"
     warnings: list[str] = field(default_factory=list)
+
+
+def submission_key(record: dict) -> str:
+    """Runs of one submission agree on all nine layers except the seed (MLPerf runs one
+    submission with several seeds)."""
+    layers = {name: dict(values) for name, values in record["layers"].items()}
+    layers["L8"].pop("seed", None)
+    return json.dumps(layers, sort_keys=True)
 
 
 def _label(record: dict) -> str:
@@ -219,11 +228,20 @@ def rank(
         if reasons:
             refused.append((path, reasons))
             continue
-        key = json.dumps(record["layers"], sort_keys=True)
+        key = submission_key(record)
         submission = groups.setdefault(key, Submission(label=_label(record)))
         submission.paths.append(path)
         submission.scores.append(score(record, benchmark, cap, convention))
-    for submission in groups.values():
+    for key, submission in list(groups.items()):
+        missed = sum(not x.quality >= x.target for x in submission.scores)
+        if missed > repeatability.max_runs_missing_target:
+            del groups[key]
+            reason = (
+                f"runs of one submission: {missed} of {len(submission.paths)} missed the target; "
+                f"at most {repeatability.max_runs_missing_target} may"
+            )
+            refused += [(path, [reason]) for path in submission.paths]
+            continue
         valid = [s.valid_flops for s in submission.scores]
         times = [s.time_to_quality_s for s in submission.scores]
         submission.valid_flops = statistics.fmean(olympic(valid, repeatability.olympic_min_runs))
@@ -232,10 +250,20 @@ def rank(
         )
         submission.cv_valid_flops = _cv(valid)
         submission.cv_time_to_quality = _cv(times)
-        submission.flagged = any(
-            cv is not None and cv > repeatability.max_cv
-            for cv in (submission.cv_valid_flops, submission.cv_time_to_quality)
-        )
+        if len(submission.paths) < repeatability.min_runs:
+            submission.notes.append(
+                f"{len(submission.paths)} run(s): fewer than the {repeatability.min_runs} a "
+                "result needs (MLPerf's rule)"
+            )
+        for name, cv in (
+            ("Valid FLOPS", submission.cv_valid_flops),
+            ("time-to-quality", submission.cv_time_to_quality),
+        ):
+            if cv is not None and cv > repeatability.max_cv:
+                submission.notes.append(
+                    f"{name} varies {cv:.1%} between runs (above {repeatability.max_cv:.0%})"
+                )
+        submission.flagged = bool(submission.notes)
     ordered = sorted(groups.values(), key=lambda s: s.valid_flops, reverse=True)
     warning = mixed_bases([x for s in ordered for x in s.scores])
     return Ranking(
@@ -260,7 +288,8 @@ def ranking_to_json(ranking: Ranking) -> dict:
                 "flop_basis": sorted({x.flop_basis for x in s.scores}),
                 "cv_valid_flops": s.cv_valid_flops,
                 "cv_time_to_quality": s.cv_time_to_quality,
-                "flagged_variation": s.flagged,
+                "flagged": s.flagged,
+                "notes": s.notes,
             }
             for position, s in enumerate(ranking.submissions, start=1)
         ],

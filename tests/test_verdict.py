@@ -186,3 +186,111 @@ def test_an_unknown_convention_is_one_line(published_record, tmp_path, capsys):
     (tmp_path / "a.json").write_text(json.dumps(published_record))
     assert main(["score", str(tmp_path / "a.json"), "--convention", "nope"]) == 2
     assert "unknown scoring convention 'nope'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ level rules
+
+
+def _reference_record(published_record, benchmark):
+    """A record whose fixed layers are the benchmark's reference values."""
+    rec = copy.deepcopy(published_record)
+    for layer, values in benchmark.reference_layers.items():
+        rec["layers"][layer] = {**rec["layers"][layer], **copy.deepcopy(values)}
+    rec["layers"]["L8"]["seed"] = 10
+    return rec
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value * 2 + 1
+    if isinstance(value, list):
+        return value[:-1]
+    return value + "-changed"
+
+
+PINS = [
+    (level, layer, field)
+    for level, fixed in (
+        ("system", ("L5", "L6", "L7", "L8")),
+        ("hardware", ("L5", "L6", "L7", "L8")),
+    )
+    for layer, values in config.load_benchmark("image_classification").reference_layers.items()
+    if layer in fixed and not (level == "system" and layer in ("L5", "L6"))
+    for field in values
+]
+
+
+@pytest.mark.parametrize("level, layer, field", PINS, ids=["-".join(p) for p in PINS])
+def test_a_pinned_field_changed_is_refused_with_the_rule_named(
+    published_record, ic, levels, level, layer, field
+):
+    rec = _reference_record(published_record, ic)
+    assert not scoring.refusal(rec, ic, levels[0][level])  # the reference itself may rank
+    rec["layers"][layer][field] = _changed(rec["layers"][layer][field])
+    (reason,) = scoring.refusal(rec, ic, levels[0][level])
+    assert reason.startswith(f"{layer} ") and f": {field} " in reason
+    assert f"(fixed at the {level} level)" in reason
+    assert not scoring.refusal(rec, ic, levels[0]["free"])  # the free level lets it change
+
+
+def test_the_pins_are_the_reference_presets_values(ic):
+    """reference_layers and the reference preset must not drift apart."""
+    preset = config.prepare("image_classification", "reference", [])
+    l7, l8 = ic.reference_layers["L7"], ic.reference_layers["L8"]
+    model, data, opt = preset.config["model"], preset.config["data"], preset.optimizer
+    assert (l7["width"], l7["blocks"]) == (model["width"], model["blocks"])
+    assert (l7["image_size"], l7["num_classes"]) == (data["image_size"], data["num_classes"])
+    assert (l8["momentum"], l8["weight_decay"], l8["decay_all_variables"]) == (
+        opt.momentum, opt.weight_decay, opt.decay_all_variables
+    )  # fmt: skip
+    assert (l8["base_learning_rate"], l8["warmup_epochs"], l8["label_smoothing"]) == (
+        opt.base_learning_rate, opt.warmup_epochs, opt.label_smoothing
+    )  # fmt: skip
+    assert "precision" not in l7 and "seed" not in l8  # left free, levels.toml says why
+
+
+# ------------------------------------------------------------------------ repeatability
+
+
+def test_runs_that_differ_only_in_seed_are_one_submission(published_record, ic, levels):
+    runs = []
+    for seed, seconds in enumerate((130.0, 131.0, 132.0, 133.0, 134.0)):
+        rec = set_result(copy.deepcopy(published_record), seconds=seconds, quality=0.763)
+        rec["layers"]["L8"] = {"seed": seed}
+        runs.append((f"seed{seed}", rec))
+    (submission,) = scoring.rank(runs, ic, levels[0]["free"], levels[1]).submissions
+    assert len(submission.paths) == 5 and not submission.notes
+    assert submission.time_to_quality_s == pytest.approx(132.0)  # olympic: 130 and 134 dropped
+    other = copy.deepcopy(runs[0][1])
+    other["layers"]["L8"]["momentum"] = 0.9  # not only the seed: another submission
+    ranking = scoring.rank([*runs, ("other", other)], ic, levels[0]["free"], levels[1])
+    assert sorted(len(s.paths) for s in ranking.submissions) == [1, 5]
+
+
+def test_more_than_one_run_missing_the_target_refuses_the_submission(published_record, ic, levels):
+    qualities = (0.763, 0.764, 0.765, 0.760, 0.761)
+    runs = [
+        (f"r{i}", set_result(copy.deepcopy(published_record), seconds=132.0, quality=q))
+        for i, q in enumerate(qualities)
+    ]
+    ranking = scoring.rank(runs, ic, levels[0]["free"], levels[1])
+    assert not ranking.submissions and len(ranking.refused) == 5
+    assert "2 of 5 missed the target; at most 1 may" in ranking.refused[0][1][0]
+    ranking = scoring.rank(runs[:4], ic, levels[0]["free"], levels[1])  # one miss is allowed
+    (submission,) = ranking.submissions
+    assert submission.notes == ["4 run(s): fewer than the 5 a result needs (MLPerf's rule)"]
+
+
+def test_compare_shows_each_sides_flop_basis_and_warns_when_they_differ(published_record):
+    from hpcai500_tf import compare
+
+    other = copy.deepcopy(published_record)
+    other["layers"]["L5"] = {"framework": "pytorch"}
+    same = compare.compare(published_record, other)
+    assert same.flop_bases == ("analytical-resnet50-v1",) * 2 and not same.warnings
+    other["flops"]["basis"] = "pytorch-flop-counter"
+    mixed = compare.to_json(compare.compare(published_record, other), "a", "b")
+    assert mixed["flop_basis"] == {"a": "analytical-resnet50-v1", "b": "pytorch-flop-counter"}
+    assert "different bases" in mixed["warnings"][0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from hpcai500_tf.compare import Comparison
 from hpcai500_tf.record import LAYER_KEYS
@@ -131,13 +132,12 @@ def ranking_table(ranking: Ranking) -> Table:
         "FLOP basis",
         "CV time",
         "CV Valid FLOPS",
+        "Flags",
     ):
         table.add_column(column)
 
-    def cv(value: float | None, flagged: bool) -> str:
-        if value is None:
-            return "-"
-        return f"[red]{value:.1%}[/red]" if flagged else f"{value:.1%}"
+    def cv(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
 
     for position, s in enumerate(ranking.submissions, start=1):
         table.add_row(
@@ -147,8 +147,9 @@ def ranking_table(ranking: Ranking) -> Table:
             si(s.valid_flops, "FLOPS"),
             duration(s.time_to_quality_s),
             ", ".join(sorted({x.flop_basis for x in s.scores})),
-            cv(s.cv_time_to_quality, s.flagged),
-            cv(s.cv_valid_flops, s.flagged),
+            cv(s.cv_time_to_quality),
+            cv(s.cv_valid_flops),
+            Text("\n".join(s.notes), style="red") if s.notes else "-",
         )
     return table
 
@@ -305,7 +306,13 @@ def comparison_tables(comparison: Comparison, path_a: str, path_b: str) -> list:
         layers.caption = f"recorded by one side only (equality unknown): {fields}{more}"
     style = "green" if comparison.valid else "yellow"
     verdict = f"[{style}]{comparison.verdict}[/{style}]"
-    results = Table(title=f"A: {path_a}\nB: {path_b}")
+    results = Table(
+        title=f"A: {path_a}\nB: {path_b}",
+        caption="\n".join(
+            [f"FLOP basis: A {comparison.flop_bases[0]}, B {comparison.flop_bases[1]}"]
+            + [f"Warning: {w}" for w in comparison.warnings]
+        ),
+    )
     for column in ("Result", "A", "B", "B/A"):
         results.add_column(column)
     for m in comparison.metrics:
