@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from hpcai500_tf import __version__
 from hpcai500_tf.errors import UserError
+
+MAX_POWER_SECONDS = 86_400
 
 
 def _import_tensorflow() -> None:
@@ -111,8 +114,8 @@ def _rank(args: argparse.Namespace) -> int:
     level = config.load_level(args.level)
     _, repeatability = config.load_levels()
     if args.max_cv is not None:
-        if args.max_cv <= 0:
-            raise UserError(f"--max-cv must be > 0, got {args.max_cv}")
+        if not 0 < args.max_cv <= 1:
+            raise UserError(f"--max-cv must be in (0, 1], got {args.max_cv}")
         repeatability = dataclasses.replace(repeatability, max_cv=args.max_cv)
     conventions = [args.convention]
     if args.published and args.convention == "stated" and "published-2020" in benchmark.conventions:
@@ -148,11 +151,20 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
     return forwarded
 
 
+def _directory(flag: str, path: str) -> Path:
+    """An output directory's path, refused where a file (not a directory) holds it."""
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UserError(f"{flag} {path}: exists and is not a directory")
+    return Path(path)
+
+
 def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
+    from hpcai500_tf.energy.sampler import check_rate
 
-    if args.power_hz < 0:
-        raise UserError(f"--power-hz must be >= 0, got {args.power_hz}")
+    check_rate("--power-hz", args.power_hz, may_be_off=True)
+    if not args.resume:
+        _directory("--out", args.out)
     if args.workers is not None:
         from hpcai500_tf import launch
 
@@ -169,11 +181,11 @@ def _train(args: argparse.Namespace) -> int:
     _import_tensorflow()
     from hpcai500_tf import scoring
     from hpcai500_tf.engine import run
-    from hpcai500_tf.report.console import console, score_table
+    from hpcai500_tf.report.console import console, escape, score_table
     from hpcai500_tf.report.live import LiveView
 
     multi_worker = setup.training.strategy == "multi_worker"
-    console.print(f"[bold]{setup.benchmark.title}[/bold], preset '{args.preset}'")
+    console.print(f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(args.preset)}'")
     view = LiveView()
     try:
         record, path = run.train(
@@ -190,9 +202,10 @@ def _train(args: argparse.Namespace) -> int:
         view.close()
     if record is None:
         return 0  # a worker other than the chief: the chief reports the run
-    console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}")
+    console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}", markup=False)
     if record["status"] != "completed":
-        console.print(f"[red]run {record['status']}[/red]: " + "; ".join(record["warnings"]))
+        warnings = escape("; ".join(record["warnings"]))
+        console.print(f"[red]run {record['status']}[/red]: {warnings}")
         if multi_worker:  # TensorFlow's shutdown would wait for the lost peer
             sys.stdout.flush()
             sys.stderr.flush()
@@ -207,12 +220,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _scaling(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hpcai500_tf import scaling
 
     series = scaling.analyse(_load_records(args.records))
-    out = Path(args.out)
+    out = _directory("--out", args.out)
     taken = [p for p in (out / "scaling.png", out / "scaling.svg") if p.exists()]
     if taken:
         raise UserError(f"{taken[0]}: already exists; choose another --out")
@@ -224,14 +235,16 @@ def _scaling(args: argparse.Namespace) -> int:
 
     for one in series:
         console.print(scaling_table(one))
-    console.print(f"chart: {', '.join(map(str, images))}")
+    console.print(f"chart: {', '.join(map(str, images))}", markup=False)
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hpcai500_tf import compare
+    from hpcai500_tf import compare, config
 
     (path_a, a), (path_b, b) = _load_records([args.a, args.b])
+    for rec in (a, b):
+        config.load_benchmark(rec["benchmark"])  # an unknown benchmark is refused
     comparison = compare.compare(a, b, cap=args.cap)
     if args.json:
         print(json.dumps(compare.to_json(comparison, path_a, path_b), indent=2))
@@ -254,18 +267,20 @@ def _import_mlperf(args: argparse.Namespace) -> int:
     rec, warnings = mlperf_import.build_record(args.log, sidecar, args.benchmark)
     out = args.out or f"{args.log}.record.json"
     record_io.save(out, rec)
-    from hpcai500_tf.report.console import console
+    from hpcai500_tf.report.console import console, escape
 
     for warning in warnings:
-        console.print(f"[yellow]warning[/yellow]: {warning}")
-    console.print(f"record: {out}")
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
+    console.print(f"record: {out}", markup=False)
     return 0
 
 
 def _power(args: argparse.Namespace) -> int:
-    if args.seconds <= 0 or args.hz <= 0:
-        raise UserError(f"--seconds and --hz must be > 0, got {args.seconds} and {args.hz}")
     from hpcai500_tf.energy import sampler, sources
+
+    sampler.check_rate("--hz", args.hz, may_be_off=False)
+    if not 0 < args.seconds <= MAX_POWER_SECONDS:
+        raise UserError(f"--seconds must be in (0, {MAX_POWER_SECONDS}], got {args.seconds}")
 
     found, notes = sources.discover()
     measurements = sampler.live_reading(found, args.seconds, args.hz) if found else []
@@ -276,14 +291,14 @@ def _power(args: argparse.Namespace) -> int:
         report = {"sources": measurements, "missing": notes, "meter_log": meter}
         print(json.dumps({**report, "meter_log_warnings": meter_warnings}, indent=2))
         return 0
-    from hpcai500_tf.report.console import console, power_table
+    from hpcai500_tf.report.console import console, escape, power_table
 
     if measurements or meter:
         console.print(power_table(measurements, meter))
     for warning in meter_warnings:
-        console.print(f"[yellow]warning[/yellow]: {warning}")
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
     for note in notes:
-        console.print(f"[yellow]not available[/yellow]: {note}")
+        console.print(f"[yellow]not available[/yellow]: {escape(note)}")
     if not found and not meter:
         console.print(
             "[yellow]No power source here: a run on this machine records energy as not "
@@ -310,15 +325,13 @@ def _flops(args: argparse.Namespace) -> int:
 
 
 def _roofline(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hpcai500_tf import config, record
 
     run_record = record.load(args.record) if args.record else None
     benchmark = run_record["benchmark"] if run_record else args.benchmark
     preset = run_record["preset"] if run_record else args.preset
-    if args.batch is not None and args.batch < 1:
-        raise UserError(f"--batch must be >= 1, got {args.batch}")
+    if args.batch is not None and not 1 <= args.batch <= 65_536:
+        raise UserError(f"--batch must be in [1, 65536], got {args.batch}")
     setup = config.prepare(benchmark, preset, [] if run_record else args.set)
     # The roofline reads no data (it times synthetic batches): the model and precision come
     # from the preset, or from the record's own config.
@@ -340,13 +353,13 @@ def _roofline(args: argparse.Namespace) -> int:
                 f"unknown dtype {', '.join(sorted(unknown))} (known: {', '.join(kernels.DTYPES)})"
             )
         plan = dataclasses.replace(plan, dtypes=tuple(args.dtypes.split(",")))
-    out = Path(args.out)
+    out = _directory("--out", args.out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out}: exists and is not empty; refusing to overwrite it")
     engine = build_engine(
         setup, None if setup.config["data"]["source"] != "imagenet" else "/nonexistent"
     )
-    say = console.print
+    say = functools.partial(console.print, markup=False)  # measurement text, not markup
     conv_shapes = measure.resnet50_conv_shapes(plan) + measure.weather_conv_shapes(plan)
     measured = measure.ceilings(plan, conv_shapes, say)
     work = None
@@ -366,7 +379,9 @@ def _roofline(args: argparse.Namespace) -> int:
     console.print(ceilings_table(result))
     if work:
         console.print(workload_table(result))
-    console.print(f"record: {out / 'roofline.json'}\nchart: {', '.join(map(str, images))}")
+    console.print(
+        f"record: {out / 'roofline.json'}\nchart: {', '.join(map(str, images))}", markup=False
+    )
     return 0
 
 
@@ -526,13 +541,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
     except UserError as error:
         print(f"hpcai500-tf: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hpcai500-tf: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (e.g. `| head`): end quietly, as Python's docs say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

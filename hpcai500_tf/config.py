@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from hpcai500_tf.errors import UserError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 LAYER_IDS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9")
+INT32_MAX = 2**31 - 1  # the largest seed, count or size TensorFlow and numpy take
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,32 @@ def resolve_preset(benchmark: Benchmark, preset: str, overrides: list[str] = ())
     return resolved
 
 
+def check_numbers(config: dict) -> None:
+    """Every number in every section of a run config finite and every integer within
+    [-INT32_MAX, INT32_MAX]: checked before TensorFlow starts, whatever the section (each
+    section's `check()` states its own ranges)."""
+    for name, table in config.items():
+        for key, value in table.items() if isinstance(table, dict) else ():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise UserError(f"config: '{name}.{key}' must be a finite number, got {item}")
+                if isinstance(item, int) and abs(item) > INT32_MAX:
+                    raise UserError(
+                        f"config: '{name}.{key}' must be within +-{INT32_MAX}, got {item}"
+                    )
+
+
+def out_of_range(settings, **ranges: tuple[float, float]) -> str | None:
+    """What is wrong with the first named field of `settings` (a number, or a list of numbers)
+    outside its closed range [low, high], or None."""
+    for name, (low, high) in ranges.items():
+        value = getattr(settings, name)
+        for item in value if isinstance(value, list) else [value]:
+            if not low <= item <= high:
+                return f"{name} must be in [{low:,}, {high:,}], got {item}"
+    return None
+
+
 def section(cls, table: Any, where: str):
     """Build dataclass `cls` from a config table: unknown keys, wrong types and ranges refused.
 
@@ -317,18 +345,22 @@ class TrainingConfig:
     deterministic: bool
 
     def check(self) -> str | None:
-        if self.epochs < 1:
-            return f"epochs must be >= 1, got {self.epochs}"
+        problem = out_of_range(
+            self,
+            epochs=(1, 10_000),
+            batch_per_replica=(1, 1_048_576),
+            eval_every=(1, 10_000),
+            checkpoint_every=(0, 10_000),
+            seed=(0, INT32_MAX),
+        )
+        if problem:
+            return problem
         if not 0 < self.target_quality <= 1:
             return f"target_quality must be in (0, 1], got {self.target_quality}"
-        if self.batch_per_replica < 1:
-            return f"batch_per_replica must be >= 1, got {self.batch_per_replica}"
         if self.precision not in ("fp32", "mixed"):
             return f"precision must be 'fp32' or 'mixed', got '{self.precision}'"
         if self.strategy not in ("default", "mirrored", "multi_worker"):
             return f"strategy must be default, mirrored or multi_worker, got '{self.strategy}'"
-        if self.eval_every < 1 or self.checkpoint_every < 0:
-            return "eval_every must be >= 1 and checkpoint_every >= 0"
         if self.deterministic and self.xla:
             return (
                 "deterministic and xla cannot be combined (XLA has no deterministic "
@@ -356,14 +388,19 @@ class OptimizerConfig:
             return f"name must be 'sgd' or 'lars', got '{self.name}'"
         if not 0 <= self.momentum < 1:
             return f"momentum must be in [0, 1), got {self.momentum}"
-        if self.weight_decay < 0 or self.base_learning_rate <= 0 or self.warmup_epochs < 0:
-            return "weight_decay and warmup_epochs must be >= 0, base_learning_rate > 0"
+        if not 0 < self.base_learning_rate <= 1000:
+            return f"base_learning_rate must be in (0, 1000], got {self.base_learning_rate}"
+        problem = out_of_range(
+            self, weight_decay=(0, 1), warmup_epochs=(0, 10_000), step_boundaries=(0, 10_000)
+        )
+        if problem:
+            return problem
         if self.schedule not in ("cosine", "step"):
             return f"schedule must be 'cosine' or 'step', got '{self.schedule}'"
         if not 0 <= self.label_smoothing < 1:
             return f"label_smoothing must be in [0, 1), got {self.label_smoothing}"
-        if self.lars_eta <= 0 or not 0 < self.step_factor <= 1:
-            return "lars_eta must be > 0 and step_factor in (0, 1]"
+        if not 0 < self.lars_eta <= 1 or not 0 < self.step_factor <= 1:
+            return "lars_eta and step_factor must be in (0, 1]"
         return None
 
 
@@ -383,9 +420,7 @@ class CommunicationConfig:
     def check(self) -> str | None:
         if self.collective not in ("auto", "ring", "nccl"):
             return f"collective must be auto, ring or nccl, got '{self.collective}'"
-        if self.timeout_s < 0 or self.join_timeout_s < 0:
-            return "timeout_s and join_timeout_s must be >= 0 (0: no limit)"
-        return None
+        return out_of_range(self, timeout_s=(0, 86_400), join_timeout_s=(0, 86_400))
 
 
 @dataclass(frozen=True)
@@ -402,6 +437,7 @@ class Setup:
 
 def setup_from(benchmark: Benchmark, preset: str, config: dict) -> Setup:
     """Validate a resolved config (a preset's, or one carried by a record)."""
+    check_numbers(config)
     training = section(TrainingConfig, config.get("training"), "training")
     optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
     communication = section(CommunicationConfig, config.get("communication"), "communication")

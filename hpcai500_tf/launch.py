@@ -22,8 +22,10 @@ from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
+from hpcai500_tf.engine.mllog import open_for_append
 from hpcai500_tf.errors import UserError
 
+MAX_WORKERS = 128
 TERM_GRACE_S = 5.0
 THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DEFAULT_FAILURE_GRACE_S = 30.0
@@ -90,8 +92,8 @@ def launch(
     on_start: Callable[[list[subprocess.Popen]], None] | None = None,
 ) -> int:
     """Run `hpcai500-tf train` as `workers` processes; returns the exit code of the run."""
-    if workers < 2:
-        raise UserError(f"--workers must be >= 2 to launch several workers, got {workers}")
+    if not 2 <= workers <= MAX_WORKERS:
+        raise UserError(f"--workers must be in [2, {MAX_WORKERS}] to launch several, got {workers}")
     if "TF_CONFIG" in os.environ:
         raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
     if resume:
@@ -102,10 +104,12 @@ def launch(
         run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
     logs = run_dir / "workers"
     logs.mkdir(exist_ok=True)
+    # Every worker's log (a resumed run adds to it), opened before any worker starts.
+    log_files = [open_for_append(logs / f"worker-{index}.log") for index in range(workers)]
     ports = free_ports(workers)
     command = [sys.executable, "-m", "hpcai500_tf.cli", "train", *worker_args]
     command += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
-    processes, log_files = [], []
+    processes = []
     # The workers share this machine's cores: each gets its share of threads (unless set).
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     shares = {name: os.environ.get(name, threads) for name in THREAD_VARIABLES}
@@ -117,8 +121,7 @@ def launch(
     try:
         for index, tf_config in enumerate(tf_configs(ports)):
             env = {**os.environ, **shares, "TF_CONFIG": tf_config}
-            log = (logs / f"worker-{index}.log").open("a")  # a resumed run adds to it
-            log_files.append(log)
+            log = log_files[index]
             # The chief's console output is the run's; everyone's stderr (TensorFlow's
             # messages included) goes to its log, whose last line is shown on failure.
             stdout = None if index == 0 else log
@@ -135,8 +138,7 @@ def launch(
     finally:
         _end(processes, 0.0)
         for log in log_files:
-            if log:
-                log.close()
+            log.close()
 
 
 def _supervise(processes: list[subprocess.Popen], logs: Path, timeout_s: float) -> int:

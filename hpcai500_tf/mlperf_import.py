@@ -23,6 +23,7 @@ Timestamps are the log's own (`time_ms`); examples are epochs x `train_samples`.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
 
@@ -56,25 +57,20 @@ SIDECAR_KEYS = {
 
 def read_log(path: Path) -> tuple[list[dict], list[str]]:
     """The log's events in order, and warnings for lines that could not be read."""
-    try:
-        text = path.read_text(errors="strict")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such MLPerf log") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: cannot read the log ({error.__class__.__name__})") from None
+    text = record_io.read_regular_file(path, "MLPerf log")
     events, bad = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if PREFIX not in line:
             continue
         try:
-            event = json.loads(line.split(PREFIX, 1)[1])
-            if not isinstance(event, dict) or "key" not in event or "time_ms" not in event:
-                raise ValueError
-            float(event["time_ms"])
-        except ValueError:
+            event = json.loads(line.split(PREFIX, 1)[1], parse_constant=_no_constant)
+        except (ValueError, RecursionError):
             bad.append(number)
             continue
-        events.append(event)
+        if _well_formed(event):
+            events.append(event)
+        else:
+            bad.append(number)
     if not events:
         raise UserError(f"{path}: no ':::MLLOG' lines: not an MLPerf log")
     warnings = (
@@ -83,17 +79,36 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
     return events, warnings
 
 
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _well_formed(event) -> bool:
+    """An event this importer can use: a string key, a finite time, metadata an object."""
+    return (
+        isinstance(event, dict)
+        and isinstance(event.get("key"), str)
+        and _finite_number(event.get("time_ms"))
+        and isinstance(event.get("metadata", {}) or {}, dict)
+    )
+
+
 def read_sidecar(path: str | None) -> dict:
     if path is None:
         return {}
     path = Path(path)
-    try:
-        text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such sidecar file") from None
-    except (OSError, UnicodeDecodeError, ValueError, tomllib.TOMLDecodeError) as error:
-        raise UserError(f"{path}: not a readable JSON or TOML sidecar ({error})") from None
+    text = record_io.read_regular_file(path, "sidecar file")
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, RecursionError, ValueError) as error:
+            raise UserError(f"{path}: not a readable TOML sidecar ({error})") from None
+    else:
+        data = record_io.parse_json(text, path, "sidecar")
     if not isinstance(data, dict):
         raise UserError(f"{path}: a sidecar must be an object of keys")
     for key, value in data.items():
@@ -101,7 +116,15 @@ def read_sidecar(path: str | None) -> dict:
             raise UserError(f"{path}: unknown key '{key}' (known: {', '.join(SIDECAR_KEYS)})")
         kind = SIDECAR_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise UserError(f"{path}: '{key}' has the wrong type ({value!r})")
+            raise UserError(f"{path}: '{key}' has the wrong type ({value!r:.80})")
+        if isinstance(value, int | float) and not _finite_number(value):
+            raise UserError(f"{path}: '{key}' must be a finite number, got {value!r}")
+    if not 0 < data.get("target_quality", 0.5) <= 1:
+        raise UserError(f"{path}: 'target_quality' must be in (0, 1]")
+    if not 0 < data.get("epochs", 1) <= 10_000:
+        raise UserError(f"{path}: 'epochs' must be in 1..10000")
+    if not 0 < data.get("flops_per_example", 1.0) < 1e18:
+        raise UserError(f"{path}: 'flops_per_example' must be in (0, 1e18)")
     for layer in data.get("layers", {}):
         if layer not in record_io.LAYER_KEYS:
             raise UserError(f"{path}: 'layers.{layer}' is not a layer (L1-L9)")
@@ -129,19 +152,20 @@ def build_record(
                 f"{path}: the log does not give the {key.replace('_', ' ')}: "
                 f"pass {what} or '{key}' in a sidecar"
             )
-    if sidecar["flops_per_example"] <= 0:
-        raise UserError(f"flops per example must be > 0, got {sidecar['flops_per_example']}")
+    flops_given = sidecar["flops_per_example"]
+    if not _finite_number(flops_given) or not 0 < flops_given < 1e18:
+        raise UserError(f"flops per example must be in (0, 1e18), got {flops_given!r}")
     submitted = _first(events, "submission_benchmark")
     name = benchmark_name or sidecar.get("benchmark")
     if name is None and submitted is not None:
-        name = BENCHMARK_NAMES.get(str(submitted["value"]), str(submitted["value"]))
+        name = BENCHMARK_NAMES.get(str(submitted.get("value")), str(submitted.get("value")))
     if name is None:
         raise UserError(f"{path}: the log names no benchmark: give --benchmark")
     benchmark = config.load_benchmark(name)
 
     def value(key):
         event = _first(events, key)
-        return None if event is None else event["value"]
+        return None if event is None else event.get("value")
 
     def seconds(event):
         return float(event["time_ms"]) / 1000
@@ -153,19 +177,24 @@ def build_record(
         raise UserError(f"{path}: run_stop is not after run_start")
     epoch_size, global_batch = value("train_samples"), value("global_batch_size")
     for key, number in (("train_samples", epoch_size), ("global_batch_size", global_batch)):
-        if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
-            raise UserError(f"{path}: '{key}' must be a positive integer, got {number!r}")
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 1e12:
+            raise UserError(
+                f"{path}: '{key}' must be a positive integer below 1e12, got {number!r:.80}"
+            )
 
     def epoch_of(event) -> float:
         metadata = event.get("metadata") or {}
         epoch = metadata.get("epoch_num", metadata.get("epoch_count"))
-        if isinstance(epoch, bool) or not isinstance(epoch, int | float):
-            raise UserError(f"{path}: an '{event['key']}' line has no metadata.epoch_num")
+        if not _finite_number(epoch) or not 0 <= epoch <= 10_000:
+            raise UserError(
+                f"{path}: an '{event['key']}' line has no metadata.epoch_num in 0..10000 "
+                f"(got {epoch!r:.80})"
+            )
         return epoch
 
     curve = []
     for event in (e for e in events if e["key"] == "eval_accuracy"):
-        accuracy = event["value"]
+        accuracy = event.get("value")
         if (
             isinstance(accuracy, bool)
             or not isinstance(accuracy, int | float)
@@ -300,4 +329,5 @@ def build_record(
         "warnings": warnings,
         "artifacts": {"mlperf_log": str(path)},
     }
+    record_io.validate(record, path)  # what the log says wrong is named by the log's path
     return record, warnings

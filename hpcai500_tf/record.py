@@ -6,9 +6,11 @@ are comparable. Scores themselves are never stored: `scoring` derives them on ev
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
+import stat
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +21,7 @@ from hpcai500_tf.errors import UserError
 
 SCHEMA_VERSION = 2  # 2: SPEC section 3's end-of-run reading, first crossing kept; FLOP basis
 KIND = "hpcai500-record"
-STATUSES = ("completed", "diverged", "stopped", "imported")
+STATUSES = ("completed", "diverged", "stopped", "failed", "imported")
 LAYER_KEYS = {
     "L1": "hardware",
     "L2": "os",
@@ -187,6 +189,7 @@ def _check_values(record: dict, path: Path) -> None:
         _check(crossing, _CURVE_POINT, "quality.first_crossing", path)
         if crossing["value"] < quality["target"]:
             raise bad("quality.first_crossing.value", "at or above quality.target", crossing)
+    _check_ordered(quality["curve"], "quality.curve", bad)
     for index, point in enumerate(quality["curve"]):
         if not 0 <= point["value"] <= 1:
             raise bad(f"quality.curve[{index}].value", "in [0, 1]", point["value"])
@@ -194,12 +197,38 @@ def _check_values(record: dict, path: Path) -> None:
         raise bad("quality.time_to_quality_s", "> 0 seconds", quality["time_to_quality_s"])
     if quality["examples_to_quality"] is not None and quality["examples_to_quality"] <= 0:
         raise bad("quality.examples_to_quality", "> 0", quality["examples_to_quality"])
+    if needs_result:
+        if not quality["curve"]:
+            raise bad("quality.curve", "at least one evaluation for a scored run", [])
+        end = quality["curve"][-1]
+        for key, point_key in (
+            ("achieved", "value"),
+            ("time_to_quality_s", "elapsed_s"),
+            ("examples_to_quality", "examples"),
+        ):
+            if quality[key] != end[point_key]:
+                raise bad(
+                    f"quality.{key}",
+                    f"the last evaluation's {point_key} ({end[point_key]!r}: the score's reading)",
+                    quality[key],
+                )
     timeline = record["timeline"]
     if timeline["run_stop"] <= timeline["run_start"]:
         raise bad("timeline.run_stop", "after timeline.run_start", timeline["run_stop"])
     for index, segment in enumerate(timeline["segments"]):
         if segment["stop"] <= segment["start"]:
             raise bad(f"timeline.segments[{index}].stop", "after its start", segment["stop"])
+    if needs_result and not timeline["segments"]:
+        raise bad("timeline.segments", "at least one timed segment for a scored run", [])
+    _check_ordered(timeline["epochs"], "timeline.epochs", bad)
+    for index, epoch in enumerate(timeline["epochs"]):
+        seconds = epoch.get("seconds", 0.0)
+        if not _type_ok(seconds, "num") or seconds < 0:
+            raise bad(f"timeline.epochs[{index}].seconds", "a finite number >= 0", seconds)
+    run_s = sum(s["stop"] - s["start"] for s in timeline["segments"])
+    ttq = quality["time_to_quality_s"]
+    if ttq is not None and timeline["segments"] and ttq > run_s * (1 + 1e-9) + 1e-6:
+        raise bad("quality.time_to_quality_s", f"within the run's {run_s:.6g} timed seconds", ttq)
     flops = record["flops"]
     if flops["basis"] not in FLOP_BASES:
         raise bad("flops.basis", f"one of {', '.join(FLOP_BASES)}", flops["basis"])
@@ -228,6 +257,19 @@ def _check_values(record: dict, path: Path) -> None:
             raise bad("energy.scope", "set when energy.measured is true", energy["scope"])
     elif not energy["reason"]:
         raise bad("energy.reason", "a reason when energy.measured is false", energy["reason"])
+    if energy["sample_hz"] is not None and energy["sample_hz"] <= 0:
+        raise bad("energy.sample_hz", "> 0 or null", energy["sample_hz"])
+
+
+def _check_ordered(points: list[dict], where: str, bad) -> None:
+    """Epochs, elapsed times and example counts never go backwards, and are not negative."""
+    previous = {"epoch": 0, "elapsed_s": 0.0, "examples": 0}
+    for index, point in enumerate(points):
+        for key, floor in previous.items():
+            if point[key] < floor:
+                expected = ">= 0" if index == 0 else f">= the previous entry's ({floor})"
+                raise bad(f"{where}[{index}].{key}", expected, point[key])
+        previous = {key: point[key] for key in previous}
 
 
 def validate(record: Any, path: Path | str = "<record>") -> dict:
@@ -250,20 +292,70 @@ def validate(record: Any, path: Path | str = "<record>") -> dict:
     return record
 
 
+MAX_FILE_BYTES = 1 << 30  # records, logs and sidecars larger than this are refused
+
+
+def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a regular file of at most `max_bytes`; one line naming the file otherwise
+    (a FIFO, a device, a directory, a symlink loop, a name too long, a file too large)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such {what}") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot open {what} ({error.strerror or error})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{path}: not a regular file; a {what} must be one")
+        if info.st_size > max_bytes:
+            raise UserError(f"{path}: {info.st_size} bytes, larger than a {what} can be")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UserError(f"{path}: larger than a {what} can be")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; a {what} is") from None
+
+
+def parse_json(text: str, path: Path | str, what: str) -> Any:
+    """JSON with one clear line for what Python's parser cannot take (deep nesting, integers
+    of thousands of digits, NaN or Infinity, which JSON does not have)."""
+
+    def no_constant(name):
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: {what} nested too deeply") from None
+    except ValueError as error:
+        raise UserError(f"{path}: not a valid {what} ({error})") from None
+
+
 def load(path: Path | str) -> dict:
     """Read and validate one record file."""
     path = Path(path)
+    return validate(parse_json(read_regular_file(path, "record file"), path, "record"), path)
+
+
+def dumps(data: Any) -> str:
+    """JSON as the project writes it; a non-finite number is a defect, never written."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such record file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: cannot read record ({error.__class__.__name__})") from None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
-    return validate(record, path)
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except ValueError as error:
+        raise ValueError(f"refusing to write a non-finite number as JSON ({error})") from None
+
+
+def remove_orphans(path: Path) -> None:
+    """The temporary files a killed write of `path` left beside it (see write_atomic)."""
+    for orphan in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        if orphan.is_file() and not orphan.is_symlink():
+            orphan.unlink(missing_ok=True)
 
 
 def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Path:
@@ -272,11 +364,13 @@ def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Pat
     if path.exists() and not overwrite:
         raise UserError(f"{path}: already exists; refusing to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = dumps(data)
+    remove_orphans(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a record is an ordinary file
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -284,6 +378,12 @@ def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Pat
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save(path: Path | str, record: dict, *, overwrite: bool = False) -> Path:

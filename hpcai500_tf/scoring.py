@@ -12,6 +12,7 @@ when nothing was measured.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,22 +75,32 @@ def score(
     if not quality["measured"]:
         raise UserError("cannot score a throughput-only run: its quality was not measured")
     target = quality["target"]
-    factor = quality_factor(quality["achieved"], target, rule.penalty_exponent, cap)
     seconds = quality["time_to_quality_s"]
     if rule.flops_per_example is None:
         total, basis = record["flops"]["total"], record["flops"]["basis"]
     else:
         total = rule.flops_per_example * quality["examples_to_quality"]
         basis = rule.flop_basis
-    flops = total / seconds
-    valid = flops * factor
     energy = record["energy"]
+    watts = energy["average_watts"] if energy["measured"] else None
+    try:
+        factor = quality_factor(quality["achieved"], target, rule.penalty_exponent, cap)
+        flops = total / seconds
+        valid = flops * factor
+        per_watt = None if watts is None else valid / watts
+    except (OverflowError, ZeroDivisionError):
+        factor = flops = valid = per_watt = math.inf
+    if not all(math.isfinite(x) for x in (factor, flops, valid, per_watt or 0.0)):
+        raise UserError(
+            f"the score is not a finite number (time {seconds:.3g} s, quality {quality['achieved']}"
+            f", target {target:.3g}, FLOPs {total:.3g}, watts {watts}): a record that cannot "
+            "be scored"
+        )
     if energy["measured"]:
-        watts = energy["average_watts"]
-        per_watt = valid / watts
+        rate = energy["sample_hz"]
         note = (
-            f"measured: {energy['scope']}; readings cover {energy['coverage']:.1%} of the run "
-            f"at {energy['sample_hz']:.3g} samples/s"
+            f"measured: {energy['scope']}; readings cover {energy['coverage']:.1%} of the run"
+            + ("" if rate is None else f" at {rate:.3g} samples/s")
         )
         if energy["quality_flags"]:
             note += " (" + "; ".join(energy["quality_flags"]) + ")"
@@ -101,7 +112,7 @@ def score(
         target=target,
         penalty_exponent=rule.penalty_exponent,
         quality_factor=factor,
-        capped=cap and (quality["achieved"] / target) ** rule.penalty_exponent > 1,
+        capped=cap and rule.penalty_exponent > 0 and quality["achieved"] > target,
         time_to_quality_s=seconds,
         total_flops=total,
         flops=flops,
@@ -225,13 +236,17 @@ def rank(
     refused = []
     for path, record in records:
         reasons = refusal(record, benchmark, level)
+        if not reasons:
+            try:
+                run_score = score(record, benchmark, cap, convention)
+            except UserError as error:
+                reasons = [str(error)]
         if reasons:
             refused.append((path, reasons))
             continue
-        key = submission_key(record)
-        submission = groups.setdefault(key, Submission(label=_label(record)))
+        submission = groups.setdefault(submission_key(record), Submission(label=_label(record)))
         submission.paths.append(path)
-        submission.scores.append(score(record, benchmark, cap, convention))
+        submission.scores.append(run_score)
     for key, submission in list(groups.items()):
         missed = sum(not x.quality >= x.target for x in submission.scores)
         if missed > repeatability.max_runs_missing_target:

@@ -125,7 +125,7 @@ def test_roofline_places_the_reference_model_without_data(tmp_path):
     [
         (["--dtypes", "fp8"], "unknown dtype fp8"),
         (["--record", "/nonexistent.json"], "no such record file"),
-        (["--batch", "0"], "--batch must be >= 1"),
+        (["--batch", "0"], "--batch must be in [1, 65536]"),
     ],
 )
 def test_roofline_bad_input(tmp_path, capsys, args, message):

@@ -150,7 +150,7 @@ def test_rank_cli(tmp_path, published_record, capsys):
     [
         (["--level", "platinum"], "unknown level 'platinum'"),
         (["--benchmark", "chess"], "unknown benchmark 'chess'"),
-        (["--max-cv", "-1"], "--max-cv must be > 0"),
+        (["--max-cv", "-1"], "--max-cv must be in (0, 1]"),
     ],
 )
 def test_rank_bad_arguments(tmp_path, published_record, capsys, args, message):

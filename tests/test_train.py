@@ -282,7 +282,7 @@ def test_imagenet_tfrecords_train_end_to_end(tmp_path, imagenet_dir):  # noqa: F
     ("args", "message"),
     [
         (["--preset", "huge"], "unknown preset 'huge'"),
-        (["--set", "training.epochs=0"], "epochs must be >= 1"),
+        (["--set", "training.epochs=0"], "epochs must be in [1, 10,000], got 0"),
         (["--set", "training.nonsense=1"], "unknown key 'training.nonsense'"),
         (["--set", "optimizer.momentum=1.5"], "momentum must be in [0, 1)"),
         (

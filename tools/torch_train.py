@@ -391,7 +391,10 @@ def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
             sampler.stop()
             progress.energy.append(sampler.measure([(start, progress.segments[-1]["stop"])]))
             if sampler.sources:
-                sampler.write_samples(run_dir / run.POWER_SAMPLES)
+                try:
+                    sampler.write_samples(run_dir / run.POWER_SAMPLES)
+                except (OSError, UserError) as error:  # post-processing: never lose the run
+                    warnings.append(f"power samples not written: {error}")
     energy, energy_warnings = run.energy_result(progress, notes, power_hz, meter_log)
     mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
     mllog.close()
@@ -439,11 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     # it fail here, loudly, rather than crash later inside triton.
     sys.modules["tensorflow"] = None
     from hpcai500_tf import config
+    from hpcai500_tf.energy.sampler import check_rate
 
     try:
         setup = config.prepare(args.benchmark, args.preset, args.set)
-        if not math.isfinite(args.power_hz) or args.power_hz < 0:
-            raise UserError(f"--power-hz must be a finite number >= 0, got {args.power_hz}")
+        check_rate("--power-hz", args.power_hz, may_be_off=True)
         record, path = train(setup, args.data, args.out, args.power_hz, args.meter_log, args.device)
     except UserError as error:
         print(f"torch_train: error: {error}", file=sys.stderr)

@@ -10,6 +10,7 @@ the GPU boards, CPU packages and DRAM that were measured.
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -19,17 +20,28 @@ from pathlib import Path
 from hpcai500_tf.energy.integrate import energy_over
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import Source
+from hpcai500_tf.engine.mllog import open_for_append
+from hpcai500_tf.errors import UserError
 
+MIN_HZ, MAX_HZ = 0.01, 1000.0  # a reading at least every 100 s, at most what a thread keeps up
 MLPERF_POWER_MIN_HZ = 1.0
 MLPERF_POWER_MIN_COVERAGE = 0.95
 NODE = "whole node"
 REST_OF_NODE = "the rest of the node (fans, power supplies, network, storage)"
 
 
+def check_rate(flag: str, hz: float, may_be_off: bool) -> None:
+    """Refuse a sampling rate outside [MIN_HZ, MAX_HZ] (but 0, sampling off, where
+    `may_be_off`)."""
+    if not (MIN_HZ <= hz <= MAX_HZ or may_be_off and hz == 0):
+        off = "0 (off) or " if may_be_off else ""
+        raise UserError(f"{flag} must be {off}in [{MIN_HZ:g}, {MAX_HZ:g}] samples/s, got {hz}")
+
+
 class PowerSampler:
     def __init__(self, sources: list[Source], hz: float = 10.0, worker: int = 0, clock=time.time):
-        if hz <= 0:
-            raise ValueError(f"sampling rate must be > 0, got {hz}")
+        if not MIN_HZ <= hz <= MAX_HZ:
+            raise ValueError(f"sampling rate must be in [{MIN_HZ:g}, {MAX_HZ:g}], got {hz}")
         self.sources = sources
         self.hz = hz
         self.worker = worker
@@ -50,6 +62,8 @@ class PowerSampler:
             stamp = self.clock()
             try:
                 value = float(source.read())
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"not a finite, non-negative reading: {value}")
             except Exception as error:  # any sensor fault: a gap, never a lost run
                 self.failed[source.name] += 1
                 self.first_error.setdefault(
@@ -100,11 +114,11 @@ class PowerSampler:
         return results
 
     def write_samples(self, path: Path) -> None:
-        """Append every reading to a CSV beside the record (source, unix seconds, value)."""
+        """Append every reading to a CSV beside the record (source, unix seconds, value).
+        Raises UserError where `path` is a symbolic link or cannot be written."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        new = not path.exists()
-        with path.open("a") as handle:
-            if new:
+        with open_for_append(path) as handle:
+            if handle.tell() == 0:
                 handle.write("worker,source,unix_s,value,unit\n")
             for source in self.sources:
                 unit = "J" if source.kind == "counter" else "W"

@@ -11,7 +11,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import keras
@@ -27,6 +27,30 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 
 STATE_FILE = "state.json"
+
+
+def read_state(run_dir: Path) -> dict:
+    """A run directory's resume state: the fields of `Progress` and the checkpoint prefix,
+    each of its kind; anything else is one line naming the file."""
+    path = run_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{run_dir}: no {STATE_FILE}: nothing to resume") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        raise UserError(f"{path}: corrupt resume state (not readable JSON)") from None
+    keys = {f.name for f in fields(Progress)} | {"checkpoint"}
+    if not isinstance(state, dict) or set(state) != keys:
+        raise UserError(f"{path}: corrupt resume state (expected an object of {sorted(keys)})")
+    counts = (state["epochs_done"], state["examples"])
+    lists = (state["segments"], state["epochs"], state["curve"], state["energy"])
+    if (
+        not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+        or not all(isinstance(item, list) for item in lists)
+        or not isinstance(state["checkpoint"], str)
+    ):
+        raise UserError(f"{path}: corrupt resume state (a count, list or checkpoint is malformed)")
+    return state
 
 
 class Diverged(Exception):
@@ -59,6 +83,7 @@ class Engine:
         self.mllog = mllog or MLLogger(None)
         self.view = view
         self.replicas = strategy.num_replicas_in_sync
+        self.saved_epochs: int | None = None  # epochs the last checkpoint holds
         self.global_batch = training.batch_per_replica * self.replicas
         self.steps_per_epoch = workload.train_examples // self.global_batch
         if self.steps_per_epoch < 1:
@@ -234,16 +259,11 @@ class Engine:
         record_io.write_atomic(
             run_dir / STATE_FILE, {**asdict(progress), "checkpoint": prefix}, overwrite=True
         )
+        self.saved_epochs = progress.epochs_done
 
     def restore(self, run_dir: Path, fingerprint_now: str) -> Progress:
-        path = run_dir / STATE_FILE
-        try:
-            state = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"{run_dir}: no {STATE_FILE}: nothing to resume") from None
-        except json.JSONDecodeError:
-            raise UserError(f"{path}: corrupt resume state") from None
-        prefix = state.pop("checkpoint", None)
+        state = read_state(run_dir)
+        prefix = state.pop("checkpoint")
         if state.get("config_fingerprint") != fingerprint_now:
             raise UserError(
                 f"{run_dir}: it was started with another config; resume it with the "
@@ -255,6 +275,7 @@ class Engine:
             raise UserError(
                 f"{run_dir}: cannot restore the checkpoint ({error.__class__.__name__})"
             ) from None
+        self.saved_epochs = state["epochs_done"]
         return Progress(**state)
 
     # ------------------------------------------------------------------ the loop

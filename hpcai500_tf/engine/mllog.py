@@ -7,15 +7,30 @@ Written and flushed line by line: a crashed run still leaves its log up to the c
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from hpcai500_tf.errors import UserError
+
+
+def open_for_append(path: Path | str) -> TextIO:
+    """A log opened for appending (created with the umask's mode), never through a symbolic
+    link planted at `path`: one line (UserError) instead."""
+    if os.path.islink(path):
+        raise UserError(f"{path}: is a symbolic link; refusing to write a log through it")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    except OSError as error:
+        raise UserError(f"{path}: cannot open the log for writing ({error.strerror})") from None
+    return os.fdopen(fd, "a")
 
 
 class MLLogger:
     def __init__(self, path: Path | str | None, enabled: bool = True):
         self.path = Path(path) if path else None
-        self._file = open(self.path, "a") if (self.path and enabled) else None  # noqa: SIM115
+        self._file = open_for_append(self.path) if (self.path and enabled) else None
 
     def _emit(
         self, event_type: str, key: str, value: Any, metadata: dict | None, time_ms: float | None

@@ -157,7 +157,7 @@ def train(
     else:
         # Every worker writes checkpoints (the variables are read collectively); only the
         # chief's are kept. The others write to a scratch directory, removed at the end.
-        save_dir = Path(tempfile.mkdtemp(prefix=f"hpcai500-worker{rank}-"))
+        save_dir = scratch_dir(rank)
     # Each worker's power readings; the others' beside their logs when the launcher made the
     # run directory (under Slurm or a user's TF_CONFIG they do not know it).
     samples_path = (
@@ -169,10 +169,16 @@ def train(
     )
     mllog = MLLogger(run_dir / MLPERF_LOG if chief else None)
     engine.mllog = mllog
+    finished = False  # a finished run whose record was lost: rebuilt from the saved state
     if resume:
         progress = engine.restore(run_dir, config_id)
         if progress.epochs_done >= setup.training.epochs:
-            raise UserError(f"{run_dir}: the run already finished all its epochs")
+            if (run_dir / RECORD_FILE).exists():
+                raise UserError(
+                    f"{run_dir}: the run already finished all its epochs (its record: "
+                    f"{run_dir / RECORD_FILE})"
+                )
+            finished = True
     else:
         progress = Progress(config_fingerprint=config_id, init_start=init_start)
         mllog.start("init_start", time_ms=init_start * 1000)
@@ -191,27 +197,54 @@ def train(
         warnings.append(f"{meter_log}: the meter log did not exist when the run started")
         if view:
             view.message(f"{meter_log} does not exist yet; it is read when the run ends")
-    sampler, notes = start_power_sampling(power_hz, view)  # every worker samples its node
+    if finished:
+        warnings.append("the record was rebuilt by --resume from the run's saved state")
+        sampler, notes = (
+            None,
+            ["the record was rebuilt after the run: no readings beyond its checkpoint"],
+        )
+    else:
+        sampler, notes = start_power_sampling(power_hz, view)  # every worker samples its node
     try:
-        engine.run(progress, save_dir, power=sampler)
+        if not finished:
+            engine.run(progress, save_dir, power=sampler)
     except Diverged as error:
         status = "diverged"
         warnings.append(str(error))
     except KeyboardInterrupt:
         status = "stopped"
-        warnings.append("interrupted by the user; resume with --resume " + str(run_dir))
+        saved = engine.saved_epochs
+        warnings.append(
+            f"interrupted by the user after {progress.epochs_done} epoch(s); "
+            + (
+                "no checkpoint was written yet: it cannot be resumed"
+                if saved is None
+                else f"the last checkpoint holds {saved}: resume with --resume {run_dir} "
+                f"(it continues from epoch {saved + 1})"
+            )
+        )
     except tf.errors.OpError as error:
         user_error = _user_error_inside(error)
-        if user_error is not None:  # bad data found while reading: one line, no record
-            raise user_error from None
-        if workers == 1 or not isinstance(error, PEER_LOST):
-            raise
-        status, peer_lost = "stopped", True
-        first_line = str(error).strip().splitlines()[-1][:300]
-        warnings.append(
-            f"lost contact with a peer worker ({error.__class__.__name__}: {first_line}); "
-            f"resume with --resume {run_dir}"
-        )
+        first_line = (str(error).strip().splitlines() or [""])[-1][:300]
+        if user_error is not None:  # bad data found while reading
+            status = "failed"
+            warnings.append(f"the input data failed mid-run: {user_error}")
+        elif workers > 1 and isinstance(error, PEER_LOST):
+            status, peer_lost = "stopped", True
+            warnings.append(
+                f"lost contact with a peer worker ({error.__class__.__name__}: {first_line}); "
+                f"resume with --resume {run_dir}"
+            )
+        else:  # e.g. a corrupt shard (DataLossError) found mid-epoch
+            status = "failed"
+            warnings.append(f"the run failed: {error.__class__.__name__}: {first_line}")
+    except UserError as error:
+        status = "failed"
+        warnings.append(f"the run failed: {error}")
+    except Exception as error:  # noqa: BLE001 - a defect: still a record, and its traceback
+        status = "failed"
+        where = _write_traceback(run_dir if chief else None)
+        warnings.append(f"the run failed: {error.__class__.__name__}: {error}{where}")
     finally:
         if sampler:
             sampler.stop()
@@ -219,9 +252,12 @@ def train(
             if last:
                 progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
             if sampler.sources and samples_path:
-                sampler.write_samples(samples_path)
+                try:
+                    sampler.write_samples(samples_path)
+                except (OSError, UserError) as error:  # post-processing: never lose the run
+                    warnings.append(f"power samples not written: {error}")
     others, others_notes = [], []
-    if workers > 1 and not peer_lost:  # a collective with a lost peer would fail
+    if workers > 1 and not peer_lost and status != "failed":  # a collective needs every peer
         others, others_notes = _gather_energy(engine, progress, warnings)
     if not chief:
         shutil.rmtree(save_dir, ignore_errors=True)
@@ -230,7 +266,10 @@ def train(
         progress, notes + others_notes, power_hz, meter_log, others
     )
     warnings += energy_warnings
-    mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
+    if not (finished and '"key": "run_stop"' in _tail(run_dir / MLPERF_LOG)):
+        mllog.end(
+            "run_stop", metadata={"status": "success" if status == "completed" else "aborted"}
+        )
     mllog.close()
     artifacts = {
         "run_dir": str(run_dir),
@@ -245,6 +284,46 @@ def train(
     path = run_dir / RECORD_FILE
     record_io.save(path, record, overwrite=bool(resume))
     return record, path
+
+
+def _write_traceback(run_dir: Path | None) -> str:
+    """The current exception's traceback in RUN_DIR/error.log; a note saying where."""
+    import traceback
+
+    if run_dir is None:
+        return ""
+    try:
+        (run_dir / "error.log").write_text(traceback.format_exc())
+    except OSError:
+        return ""
+    return f" (traceback in {run_dir / 'error.log'})"
+
+
+def scratch_dir(rank: int) -> Path:
+    """A worker's scratch directory for its checkpoints, removed at the end of its run; the
+    ones that workers which died (SIGKILL, os._exit) left behind go at the next start."""
+    base = Path(tempfile.gettempdir()) / "hpcai500-tf-scratch"
+    base.mkdir(exist_ok=True)
+    for old in base.glob("worker*-*"):
+        try:
+            os.kill(int(old.name.rsplit("-", 1)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue  # not ours to judge: another user's process, or a name we did not make
+    path = base / f"worker{rank}-{os.getpid()}"
+    path.mkdir()
+    return path
+
+
+def _tail(path: Path, size: int = 4096) -> str:
+    """The end of a text file ('' if it cannot be read)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(path.stat().st_size - size, 0))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _user_error_inside(error: tf.errors.OpError) -> UserError | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -174,7 +175,32 @@ def energy_result(
     other_workers: list[dict] = (),
 ) -> tuple[dict, list[str]]:
     """The record's energy block over all timed segments, with a node meter log if given and
-    the other workers' nodes (their current segment) if any."""
+    the other workers' nodes (their current segment) if any. Energy is post-processing: what
+    fails here (or gives no finite number) is a warning and "not measured", never a lost run."""
+    intervals = [(s["start"], s["stop"]) for s in progress.segments]
+    interval_s = sum(stop - start for start, stop in intervals)
+    try:
+        block, warnings = _energy_block(progress, notes, hz, meter_log, other_workers)
+        if _all_finite(block):
+            return block, warnings
+        why = "the readings give a number that is not finite (a sensor or log out of range)"
+    except Exception as error:  # noqa: BLE001 - any failure here must not lose the run
+        why, warnings = f"energy could not be computed ({error.__class__.__name__}: {error})", []
+    block, more = power.energy_block([], [*notes, why], interval_s, hz or None)
+    return block, [*warnings, f"energy not measured: {why}", *more]
+
+
+def _all_finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_all_finite(v) for v in value)
+    return True
+
+
+def _energy_block(progress, notes, hz, meter_log, other_workers):
     measurements = power.combine_segments(progress.energy) + list(other_workers)
     warnings = []
     intervals = [(s["start"], s["stop"]) for s in progress.segments]

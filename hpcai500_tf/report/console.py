@@ -1,8 +1,11 @@
-"""Rich tables for the CLI: system layers, score cards, rankings."""
+"""Rich tables for the CLI: system layers, score cards, rankings.
+
+Text from records, logs and paths is shown literally (`escape`d), never read as markup."""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -40,15 +43,19 @@ def duration(seconds: float) -> str:
 
 
 def _value(value) -> str:
-    if isinstance(value, list):
-        if value and isinstance(value[0], dict):
-            return "; ".join(", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
-        return ", ".join(str(v) for v in value) or "-"
+    """A layer value as markup: the value itself escaped."""
     if value is None:
         return "[dim]not observed[/dim]"
-    if isinstance(value, int) and not isinstance(value, bool) and value > 1 << 30:
-        return f"{value / (1 << 30):.1f} GiB"
-    return str(value)
+    if isinstance(value, list):
+        if value and isinstance(value[0], dict):
+            text = "; ".join(", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
+        else:
+            text = ", ".join(str(v) for v in value) or "-"
+    elif isinstance(value, int) and not isinstance(value, bool) and value > 1 << 30:
+        text = f"{value / (1 << 30):.1f} GiB"
+    else:
+        text = str(value)
+    return escape(text)
 
 
 def layers_table(layers: dict[str, dict], title: str = "The nine layers") -> Table:
@@ -61,19 +68,22 @@ def layers_table(layers: dict[str, dict], title: str = "The nine layers") -> Tab
         if table.row_count:
             table.add_section()
         for index, (key, value) in enumerate(fields.items()):
-            table.add_row(name if index == 0 else "", key, _value(value))
+            table.add_row(name if index == 0 else "", escape(key), _value(value))
     return table
 
 
 def score_table(path: str, record: dict, score: Score) -> Table:
-    table = Table(title=f"{record['benchmark']} / {record['preset']}: {path}", show_header=False)
+    table = Table(
+        title=escape(f"{record['benchmark']} / {record['preset']}: {path}"), show_header=False
+    )
     table.add_column("", style="bold")
     table.add_column("")
     quality = record["quality"]
     reached = "reached" if quality["reached_target"] else "[red]not reached[/red]"
-    table.add_row("Status", record["status"])
+    table.add_row("Status", escape(record["status"]))
     table.add_row(
-        "Quality", f"{score.quality:.4f} {quality['metric']} (target {score.target}, {reached})"
+        "Quality",
+        f"{score.quality:.4f} {escape(quality['metric'])} (target {score.target}, {reached})",
     )
     table.add_row(
         "Time to quality",
@@ -93,8 +103,8 @@ def score_table(path: str, record: dict, score: Score) -> Table:
         if score.flop_basis == record["flops"]["basis"]
         else (f"recounted on the {score.flop_basis} basis of the '{score.convention}' convention")
     )
-    table.add_row("Total FLOPs", f"{score.total_flops:.4g} ({method})")
-    table.add_row("FLOP basis", f"{score.flop_basis} (convention: {score.convention})")
+    table.add_row("Total FLOPs", f"{score.total_flops:.4g} ({escape(method)})")
+    table.add_row("FLOP basis", escape(f"{score.flop_basis} (convention: {score.convention})"))
     table.add_row("FLOPS", si(score.flops, "FLOPS"))
     penalty = f"(q/target)^{score.penalty_exponent:g} = {score.quality_factor:.4f}"
     if score.capped:
@@ -102,26 +112,27 @@ def score_table(path: str, record: dict, score: Score) -> Table:
     table.add_row("Quality factor", penalty)
     table.add_row("Valid FLOPS", f"[bold green]{si(score.valid_flops, 'FLOPS')}[/bold green]")
     if score.valid_flops_per_watt is not None:
-        scope = record["energy"]["scope"]
+        scope = escape(record["energy"]["scope"])
         table.add_row("Average power", f"{si(score.average_watts, 'W')} ({scope})")
         table.add_row(
             "Valid FLOPS per watt",
             f"[bold green]{si(score.valid_flops_per_watt, 'FLOPS/W')}[/bold green] ({scope})",
         )
-    table.add_row("Energy", score.energy_note)
+    table.add_row("Energy", escape(score.energy_note))
     if not record["rankable"]:
-        table.add_row(
-            "Rankable", "[yellow]no[/yellow]: " + "; ".join(record["not_rankable_reasons"])
-        )
+        reasons = escape("; ".join(record["not_rankable_reasons"]))
+        table.add_row("Rankable", f"[yellow]no[/yellow]: {reasons}")
     for warning in record["warnings"]:
-        table.add_row("Warning", f"[yellow]{warning}[/yellow]")
+        table.add_row("Warning", Text(warning, style="yellow"))
     return table
 
 
 def ranking_table(ranking: Ranking) -> Table:
     table = Table(
-        title=f"{ranking.benchmark}: {ranking.level} level, convention {ranking.convention}",
-        caption="\n".join(ranking.warnings) or None,
+        title=escape(
+            f"{ranking.benchmark}: {ranking.level} level, convention {ranking.convention}"
+        ),
+        caption=escape("\n".join(ranking.warnings)) or None,
     )
     for column in (
         "#",
@@ -142,11 +153,11 @@ def ranking_table(ranking: Ranking) -> Table:
     for position, s in enumerate(ranking.submissions, start=1):
         table.add_row(
             str(position),
-            s.label,
+            escape(s.label),
             str(len(s.paths)),
             si(s.valid_flops, "FLOPS"),
             duration(s.time_to_quality_s),
-            ", ".join(sorted({x.flop_basis for x in s.scores})),
+            escape(", ".join(sorted({x.flop_basis for x in s.scores}))),
             cv(s.cv_time_to_quality),
             cv(s.cv_valid_flops),
             Text("\n".join(s.notes), style="red") if s.notes else "-",
@@ -159,7 +170,7 @@ def refused_table(refused: list[tuple[str, list[str]]]) -> Table:
     table.add_column("Record", overflow="fold")
     table.add_column("Rule broken", overflow="fold")
     for path, reasons in refused:
-        table.add_row(path, "\n".join(reasons))
+        table.add_row(escape(path), escape("\n".join(reasons)))
     return table
 
 
@@ -178,7 +189,7 @@ def flops_table(benchmark: str, preset: str, report: dict) -> Table:
         si(report["per_example_training"], "FLOPs"),
         si(3 * analytical, "FLOPs") + " (3 x forward)",
     )
-    table.caption = "uncounted op types: " + ", ".join(report["uncounted_op_types"])
+    table.caption = escape("uncounted op types: " + ", ".join(report["uncounted_op_types"]))
     return table
 
 
@@ -208,8 +219,9 @@ def ceilings_table(result: dict) -> Table:
             efficiency,
         )
     if result["skipped"]:
-        table.caption = "skipped: " + "; ".join(
-            f"{what}: {reason}" for what, reason in result["skipped"].items()
+        table.caption = escape(
+            "skipped: "
+            + "; ".join(f"{what}: {reason}" for what, reason in result["skipped"].items())
         )
     return table
 
@@ -222,8 +234,10 @@ def workload_table(result: dict) -> Table:
     )
     bandwidth = result["bandwidth_ceiling"]
     table = Table(
-        title=f"{result['benchmark']} / {result['preset']} on the roofline "
-        f"({work['dtype']}, batch {work['batch']})"
+        title=escape(
+            f"{result['benchmark']} / {result['preset']} on the roofline "
+            f"({work['dtype']}, batch {work['batch']})"
+        )
     )
     for column in ("layer", "count", "FLOP/B", "achieved", "bound", "of roof"):
         table.add_column(column)
@@ -240,7 +254,7 @@ def workload_table(result: dict) -> Table:
             share = f"{achieved / roof_here:.0%}"
         else:
             bound, share = "-", "-"
-        table.add_row(name, count, f"{intensity:.1f}", si(achieved, "FLOPS"), bound, share)
+        table.add_row(escape(name), count, f"{intensity:.1f}", si(achieved, "FLOPS"), bound, share)
     return table
 
 
@@ -252,11 +266,12 @@ def power_table(measurements: list[dict], meter: dict | None) -> Table:
     for item in rows:
         readings = f"{item['samples']} ({item['sample_hz']:.3g}/s)"
         if item["failed_reads"]:
-            readings += f", [red]{item['failed_reads']} failed: {item['first_error']}[/red]"
+            failed = escape(f"{item['failed_reads']} failed: {item['first_error']}")
+            readings += f", [red]{failed}[/red]"
         table.add_row(
-            item["name"],
-            item["part"],
-            item["method"],
+            escape(item["name"]),
+            escape(item["part"]),
+            escape(item["method"]),
             si(item["average_watts"], "W"),
             readings,
             f"{item['coverage']:.1%}",
@@ -265,7 +280,7 @@ def power_table(measurements: list[dict], meter: dict | None) -> Table:
 
 
 def scaling_table(series: Series) -> Table:
-    table = Table(title=f"{series.kind.capitalize()} scaling: {series.label}")
+    table = Table(title=escape(f"{series.kind.capitalize()} scaling: {series.label}"))
     for column in (
         "Workers",
         "Runs",
@@ -299,18 +314,21 @@ def comparison_tables(comparison: Comparison, path_a: str, path_b: str) -> list:
     for column in ("Layer", "Field", "A", "B"):
         layers.add_column(column, overflow="fold")
     for d in comparison.differences:
-        layers.add_row(f"{d.layer} {LAYER_KEYS[d.layer]}", d.field, _value(d.a), _value(d.b))
+        layers.add_row(
+            f"{d.layer} {LAYER_KEYS[d.layer]}", escape(d.field), _value(d.a), _value(d.b)
+        )
     if comparison.unknown:
         fields = ", ".join(f"{u.layer}.{u.field}" for u in comparison.unknown[:8])
         more = f" and {len(comparison.unknown) - 8} more" if len(comparison.unknown) > 8 else ""
-        layers.caption = f"recorded by one side only (equality unknown): {fields}{more}"
-    style = "green" if comparison.valid else "yellow"
-    verdict = f"[{style}]{comparison.verdict}[/{style}]"
+        layers.caption = escape(f"recorded by one side only (equality unknown): {fields}{more}")
+    verdict = Text(comparison.verdict, style="green" if comparison.valid else "yellow")
     results = Table(
-        title=f"A: {path_a}\nB: {path_b}",
-        caption="\n".join(
-            [f"FLOP basis: A {comparison.flop_bases[0]}, B {comparison.flop_bases[1]}"]
-            + [f"Warning: {w}" for w in comparison.warnings]
+        title=escape(f"A: {path_a}\nB: {path_b}"),
+        caption=escape(
+            "\n".join(
+                [f"FLOP basis: A {comparison.flop_bases[0]}, B {comparison.flop_bases[1]}"]
+                + [f"Warning: {w}" for w in comparison.warnings]
+            )
         ),
     )
     for column in ("Result", "A", "B", "B/A"):
@@ -330,5 +348,5 @@ def comparison_tables(comparison: Comparison, path_a: str, path_b: str) -> list:
             )
 
         ratio = "-" if m.ratio is None else f"{m.ratio:.3f}x"
-        results.add_row(f"{m.name} ({m.unit})", show(m.a), show(m.b), ratio)
+        results.add_row(escape(f"{m.name} ({m.unit})"), show(m.a), show(m.b), ratio)
     return [layers if comparison.differences else "[dim]no layer differs[/dim]", verdict, results]

@@ -25,7 +25,7 @@ class LiveView:
         self.task = None
 
     def message(self, text: str) -> None:
-        console.print(f"[dim]{text}[/dim]")
+        console.print(text, style="dim", markup=False)
 
     def epoch_start(self, epoch: int, epochs: int, steps: int) -> None:
         if self.task is None:

@@ -46,8 +46,17 @@ class DataConfig:
             return "train_years and eval_years must name at least one year each"
         if set(self.train_years) & set(self.eval_years):
             return "a year cannot be in both train_years and eval_years"
-        if self.downsample < 1:
-            return f"downsample must be >= 1, got {self.downsample}"
+        problem = config.out_of_range(
+            self,
+            train_years=(1, 9999),
+            eval_years=(1, 9999),
+            downsample=(1, 64),
+            synthetic_samples=(0, 1_000_000),
+            synthetic_height=(1, 16_384),
+            synthetic_width=(1, 16_384),
+        )
+        if problem:
+            return problem
         if self.source != "hdf5" and min(self.synthetic_height, self.synthetic_width) < 32:
             return "synthetic and random images need height and width >= 32"
         if self.source == "synthetic" and self.synthetic_samples < 1:
@@ -73,20 +82,29 @@ class ModelConfig:
     bn_epsilon: float
 
     def check(self) -> str | None:
-        if self.width <= 0 or len(self.blocks) != 4 or min(self.blocks) < 1:
-            return "width must be > 0 and blocks four counts >= 1"
+        if not 0 < self.width <= 16 or len(self.blocks) != 4:
+            return f"width must be in (0, 16] and blocks four counts, got {self.width}"
         if self.feature_stage not in (3, 4):
             return f"feature_stage must be 3 or 4, got {self.feature_stage}"
         if not self.anchor_sizes or not self.anchor_ratios:
             return "anchor_sizes and anchor_ratios must not be empty"
         if min(self.anchor_sizes) <= 0 or min(self.anchor_ratios) <= 0:
             return "anchor sizes and ratios must be > 0"
-        counts = (self.pre_nms, self.proposals_train, self.proposals_eval, self.rpn_batch)
-        if min(counts) < 1 or self.roi_batch < 4 or self.head_units < 1:
-            return "proposal counts and batches must be >= 1 (roi_batch >= 4)"
-        if self.max_detections < 1:
-            return "max_detections must be >= 1"
-        return None
+        if not 0 < self.bn_momentum < 1 or not 0 < self.bn_epsilon <= 1:
+            return "bn_momentum must be in (0, 1) and bn_epsilon in (0, 1]"
+        return config.out_of_range(
+            self,
+            blocks=(1, 100),
+            anchor_sizes=(0, 16_384),
+            anchor_ratios=(0, 100),
+            pre_nms=(1, 100_000),
+            proposals_train=(1, 100_000),
+            proposals_eval=(1, 100_000),
+            rpn_batch=(1, 100_000),
+            roi_batch=(4, 100_000),
+            head_units=(1, 65_536),
+            max_detections=(1, 10_000),
+        )
 
 
 class ExtremeWeather:

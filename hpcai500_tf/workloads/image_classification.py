@@ -41,10 +41,18 @@ class DataConfig:
     def check(self) -> str | None:
         if self.source not in DATASET_NAMES:
             return f"source must be one of {', '.join(DATASET_NAMES)}, got '{self.source}'"
-        if self.image_size < 16 or self.num_classes < 2:
-            return "image_size must be >= 16 and num_classes >= 2"
-        if self.train_examples < 0 or self.eval_examples < 0 or self.shuffle_buffer < 1:
-            return "train_examples and eval_examples must be >= 0, shuffle_buffer >= 1"
+        problem = config.out_of_range(
+            self,
+            image_size=(16, 4096),
+            num_classes=(2, 100_000),
+            label_offset=(0, 100_000),
+            train_examples=(0, config.INT32_MAX),
+            eval_examples=(0, config.INT32_MAX),
+            shuffle_buffer=(1, 10_000_000),
+            noise=(0, 100),
+        )
+        if problem:
+            return problem
         if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
             return "generated data needs train_examples and eval_examples > 0"
         return None
@@ -59,11 +67,11 @@ class ModelConfig:
     bn_epsilon: float
 
     def check(self) -> str | None:
-        if self.width <= 0 or len(self.blocks) != 4 or min(self.blocks) < 1:
-            return "width must be > 0 and blocks four counts >= 1"
-        if not 0 < self.bn_momentum < 1 or self.bn_epsilon <= 0:
-            return "bn_momentum must be in (0, 1) and bn_epsilon > 0"
-        return None
+        if not 0 < self.width <= 16 or len(self.blocks) != 4:
+            return f"width must be in (0, 16] and blocks four counts, got {self.width}"
+        if not 0 < self.bn_momentum < 1 or not 0 < self.bn_epsilon <= 1:
+            return "bn_momentum must be in (0, 1) and bn_epsilon in (0, 1]"
+        return config.out_of_range(self, blocks=(1, 100))
 
 
 class ImageClassification:
