@@ -123,27 +123,79 @@ _TYPE_WORDS = {
 }
 
 
-def _check(value: Any, spec: Any, where: str, path: Path) -> None:
+def _leaf_test(kind: str):
+    """A fast test for one leaf type (exact JSON types: bool is not a number here)."""
+    if kind == "num":
+        return lambda v: (type(v) is float and v - v == 0) or type(v) is int  # inf - inf is nan
+    exact = {"str": str, "bool": bool, "int": int, "dict": dict}[kind]
+    return lambda v: type(v) is exact
+
+
+def _name(where, key: str | None = None) -> str:
+    """A field's dotted name; `where` is a name or (a list's name, an index)."""
+    if isinstance(where, tuple):
+        where = f"{_name(where[0])}[{where[1]}]"
+    return where if key is None else f"{where}.{key}" if where else key
+
+
+def _compile(spec: Any):
+    """A checker for a field spec, built once: check(value, where, path) raises UserError
+    naming the field. Leaf names are formatted only when a check fails."""
     if isinstance(spec, dict):
-        if not isinstance(value, dict):
-            raise UserError(f"{path}: field '{where}' must be an object")
+        leaves, nested = [], []
         for key, sub in spec.items():
-            name = f"{where}.{key}" if where else key
-            if key not in value:
-                raise UserError(f"{path}: missing field '{name}'")
-            _check(value[key], sub, name, path)
-    elif isinstance(spec, list):
-        if not isinstance(value, list):
-            raise UserError(f"{path}: field '{where}' must be a list")
-        for index, item in enumerate(value):
-            _check(item, spec[0], f"{where}[{index}]", path)
-    else:
-        nullable = spec.endswith("?")
-        kind = spec.rstrip("?")
-        if value is None and nullable:
-            return
-        if not _type_ok(value, kind):
-            raise UserError(f"{path}: field '{where}' must be {_TYPE_WORDS[kind]}, got {value!r}")
+            if isinstance(sub, str):
+                kind = sub.rstrip("?")
+                leaves.append((key, kind, sub.endswith("?"), _leaf_test(kind)))
+            else:
+                nested.append((key, _compile(sub)))
+
+        def check_object(value, where, path):
+            if type(value) is not dict:
+                raise UserError(f"{path}: field '{_name(where)}' must be an object")
+            for key, kind, nullable, test in leaves:
+                if key not in value:
+                    raise UserError(f"{path}: missing field '{_name(where, key)}'")
+                item = value[key]
+                if not (test(item) or (nullable and item is None)):
+                    raise UserError(
+                        f"{path}: field '{_name(where, key)}' must be {_TYPE_WORDS[kind]}, "
+                        f"got {item!r}"
+                    )
+            for key, checker in nested:
+                name = _name(where, key)
+                if key not in value:
+                    raise UserError(f"{path}: missing field '{name}'")
+                checker(value[key], name, path)
+
+        return check_object
+    if isinstance(spec, list):
+        item_check = _compile(spec[0])
+
+        def check_list(value, where, path):
+            if type(value) is not list:
+                raise UserError(f"{path}: field '{_name(where)}' must be a list")
+            for index, item in enumerate(value):
+                item_check(item, (where, index), path)  # named only if it fails
+
+        return check_list
+    kind, nullable = spec.rstrip("?"), spec.endswith("?")
+    test = _leaf_test(kind)
+
+    def check_leaf(value, where, path):
+        if not (test(value) or (nullable and value is None)):
+            raise UserError(
+                f"{path}: field '{_name(where)}' must be {_TYPE_WORDS[kind]}, got {value!r}"
+            )
+
+    return check_leaf
+
+
+def _check(value: Any, spec: Any, where: str, path: Path) -> None:
+    _compile(spec)(value, where, path)
+
+
+_CHECK_RECORD = _compile(_SCHEMA)
 
 
 def _check_values(record: dict, path: Path) -> None:
@@ -263,13 +315,14 @@ def _check_values(record: dict, path: Path) -> None:
 
 def _check_ordered(points: list[dict], where: str, bad) -> None:
     """Epochs, elapsed times and example counts never go backwards, and are not negative."""
-    previous = {"epoch": 0, "elapsed_s": 0.0, "examples": 0}
+    epoch = elapsed = examples = 0
     for index, point in enumerate(points):
-        for key, floor in previous.items():
-            if point[key] < floor:
-                expected = ">= 0" if index == 0 else f">= the previous entry's ({floor})"
-                raise bad(f"{where}[{index}].{key}", expected, point[key])
-        previous = {key: point[key] for key in previous}
+        if point["epoch"] < epoch or point["elapsed_s"] < elapsed or point["examples"] < examples:
+            for key, floor in (("epoch", epoch), ("elapsed_s", elapsed), ("examples", examples)):
+                if point[key] < floor:
+                    expected = ">= 0" if index == 0 else f">= the previous entry's ({floor})"
+                    raise bad(f"{where}[{index}].{key}", expected, point[key])
+        epoch, elapsed, examples = point["epoch"], point["elapsed_s"], point["examples"]
 
 
 def validate(record: Any, path: Path | str = "<record>") -> dict:
@@ -287,7 +340,7 @@ def validate(record: Any, path: Path | str = "<record>") -> dict:
             f"{path}: schema_version {version!r} is not supported "
             f"(this tool reads 1 and {SCHEMA_VERSION})"
         )
-    _check(record, _SCHEMA, "", path)
+    _CHECK_RECORD(record, "", path)
     _check_values(record, path)
     return record
 
