@@ -461,6 +461,19 @@ READING = (
 )
 
 
+def energy_not_measured(reason: str) -> dict:
+    """The energy block of a record whose source has no power readings at all."""
+    return {
+        "measured": False,
+        "reason": reason,
+        **dict.fromkeys(
+            ("joules", "interval_s", "scope", "average_watts", "coverage", "sample_hz")
+        ),
+        **{key: [] for key in ("parts_measured", "parts_not_measured", "quality_flags")},
+        "sources": [],
+    }
+
+
 def quality_result(curve: list[dict], target: float, measured: bool) -> dict:
     """The score's reading (SPEC section 3): the run is timed to its last evaluation, which
     ends the last required epoch, and scored by the quality it ends with. The first

@@ -103,20 +103,7 @@ def entry(rank: int, name: str, pflops: float, minutes: float, top1: float) -> d
             "uncounted_op_types": [],
             "total": PER_EXAMPLE * examples,
         },
-        "energy": {
-            "measured": False,
-            "reason": "the published ranking gives no power",
-            "joules": None,
-            "interval_s": None,
-            "scope": None,
-            "average_watts": None,
-            "coverage": None,
-            "sample_hz": None,
-            "parts_measured": [],
-            "parts_not_measured": [],
-            "quality_flags": [],
-            "sources": [],
-        },
+        "energy": record_io.energy_not_measured("the published ranking gives no power"),
         "warnings": [
             f"time is the published {minutes:g} min, rounded as published; hardware, software "
             "and epochs are not given by the ranking (90 epochs is the problem's budget)"
