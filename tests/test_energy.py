@@ -113,7 +113,7 @@ def test_meter_log_repairs_are_warned(tmp_path):
         ("time,furlongs\n1,2\n2,3\n", "unknown power unit 'furlongs'"),
         ("1000,300\n", "fewer than two usable readings"),
         ("", "fewer than two usable readings"),
-        (b"\x89HDF\r\n\x1a\n\xff\xfe\x00", "cannot read the meter log"),
+        (b"\x89HDF\r\n\x1a\n\xff\xfe\x00", "not UTF-8 text; a meter log is"),
     ],
 )
 def test_unusable_meter_logs_are_refused(tmp_path, content, message):
@@ -387,7 +387,7 @@ def test_power_command_checks_a_meter_log(tmp_path, capsys):
     meter = json.loads(capsys.readouterr().out)["meter_log"]
     assert meter["average_watts"] == pytest.approx(250.0) and meter["readings"] == 11
     assert main(["power", "--meter-log", str(tmp_path / "none.csv")]) == 2
-    assert capsys.readouterr().err.strip().endswith("none.csv: meter log not found")
+    assert capsys.readouterr().err.strip().endswith("none.csv: no such meter log")
 
 
 # ------------------------------------------------------------------------ a measured run

@@ -474,3 +474,22 @@ def test_a_stopped_record_says_which_epoch_resume_continues_from(tmp_path):
         "epoch 3)" in w
         for w in stopped["warnings"]
     )
+
+
+@given(
+    index=st.integers(min_value=0, max_value=len(GOOD) - 1),
+    field=st.sampled_from(["key", "value", "time_ms", "metadata"]),
+    value=JSON_VALUES,
+)
+def test_any_mlperf_log_is_a_valid_record_or_one_line(tmp_path_factory, index, field, value):
+    events = copy.deepcopy(GOOD)
+    events[index][field] = value
+    log = tmp_path_factory.mktemp("log") / "mlperf.log"
+    log.write_text(_log(*events))
+    (code, _), err = _run_main(
+        ["import-mlperf", str(log), "--framework", "x", "--flops-per-example", "1e9"]
+    )
+    if code == 0:
+        record.load(f"{log}.record.json")
+    else:
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

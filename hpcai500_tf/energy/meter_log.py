@@ -51,13 +51,10 @@ def _unit_factor(header: str, path: Path) -> float:
 def read_meter_log(path: str | Path) -> tuple[list[tuple[float, float]], list[str]]:
     """(time-ordered (unix seconds, watts) readings, warnings). Raises UserError when the file
     cannot be read or holds no usable reading."""
+    from hpcai500_tf.record import read_regular_file  # a FIFO or device is refused, not read
+
     path = Path(path)
-    try:
-        text = path.read_text(errors="strict")
-    except FileNotFoundError:
-        raise UserError(f"{path}: meter log not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: cannot read the meter log ({error.__class__.__name__})") from None
+    text = read_regular_file(path, "meter log")
     factor, readings, bad = 1.0, [], []
     first = True
     for number, line in enumerate(text.splitlines(), start=1):
