@@ -23,7 +23,6 @@ Timestamps are the log's own (`time_ms`); examples are epochs x `train_samples`.
 from __future__ import annotations
 
 import json
-import math
 import tomllib
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
         if PREFIX not in line:
             continue
         try:
-            event = json.loads(line.split(PREFIX, 1)[1], parse_constant=_no_constant)
+            event = json.loads(line.split(PREFIX, 1)[1], parse_constant=record_io.reject_constant)
         except (ValueError, RecursionError):
             bad.append(number)
             continue
@@ -79,20 +78,12 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
     return events, warnings
 
 
-def _no_constant(name):
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_number(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
 def _well_formed(event) -> bool:
     """An event this importer can use: a string key, a finite time, metadata an object."""
     return (
         isinstance(event, dict)
         and isinstance(event.get("key"), str)
-        and _finite_number(event.get("time_ms"))
+        and record_io.is_finite_number(event.get("time_ms"))
         and isinstance(event.get("metadata", {}) or {}, dict)
     )
 
@@ -117,7 +108,7 @@ def read_sidecar(path: str | None) -> dict:
         kind = SIDECAR_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, kind):
             raise UserError(f"{path}: '{key}' has the wrong type ({value!r:.80})")
-        if isinstance(value, int | float) and not _finite_number(value):
+        if isinstance(value, int | float) and not record_io.is_finite_number(value):
             raise UserError(f"{path}: '{key}' must be a finite number, got {value!r}")
     if not 0 < data.get("target_quality", 0.5) <= 1:
         raise UserError(f"{path}: 'target_quality' must be in (0, 1]")
@@ -153,7 +144,7 @@ def build_record(
                 f"pass {what} or '{key}' in a sidecar"
             )
     flops_given = sidecar["flops_per_example"]
-    if not _finite_number(flops_given) or not 0 < flops_given < 1e18:
+    if not record_io.is_finite_number(flops_given) or not 0 < flops_given < 1e18:
         raise UserError(f"flops per example must be in (0, 1e18), got {flops_given!r}")
     submitted = _first(events, "submission_benchmark")
     name = benchmark_name or sidecar.get("benchmark")
@@ -185,7 +176,7 @@ def build_record(
     def epoch_of(event) -> float:
         metadata = event.get("metadata") or {}
         epoch = metadata.get("epoch_num", metadata.get("epoch_count"))
-        if not _finite_number(epoch) or not 0 <= epoch <= 10_000:
+        if not record_io.is_finite_number(epoch) or not 0 <= epoch <= 10_000:
             raise UserError(
                 f"{path}: an '{event['key']}' line has no metadata.epoch_num in 0..10000 "
                 f"(got {epoch!r:.80})"

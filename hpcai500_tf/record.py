@@ -98,20 +98,14 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
-def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "num":
-        return (
-            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        )
-    if kind == "dict":
-        return isinstance(value, dict)
-    raise ValueError(f"unknown schema type {kind}")
+def is_finite_number(value: Any) -> bool:
+    """A JSON number that is finite (true and false are not numbers here)."""
+    return (type(value) is float and value - value == 0) or type(value) is int  # inf - inf: nan
+
+
+def reject_constant(name: str):
+    """json.loads(parse_constant=...): NaN and Infinity are not JSON."""
+    raise ValueError(f"{name} is not JSON")
 
 
 _TYPE_WORDS = {
@@ -126,7 +120,7 @@ _TYPE_WORDS = {
 def _leaf_test(kind: str):
     """A fast test for one leaf type (exact JSON types: bool is not a number here)."""
     if kind == "num":
-        return lambda v: (type(v) is float and v - v == 0) or type(v) is int  # inf - inf is nan
+        return is_finite_number
     exact = {"str": str, "bool": bool, "int": int, "dict": dict}[kind]
     return lambda v: type(v) is exact
 
@@ -275,7 +269,7 @@ def _check_values(record: dict, path: Path) -> None:
     _check_ordered(timeline["epochs"], "timeline.epochs", bad)
     for index, epoch in enumerate(timeline["epochs"]):
         seconds = epoch.get("seconds", 0.0)
-        if not _type_ok(seconds, "num") or seconds < 0:
+        if not is_finite_number(seconds) or seconds < 0:
             raise bad(f"timeline.epochs[{index}].seconds", "a finite number >= 0", seconds)
     run_s = sum(s["stop"] - s["start"] for s in timeline["segments"])
     ttq = quality["time_to_quality_s"]
@@ -376,12 +370,8 @@ def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYT
 def parse_json(text: str, path: Path | str, what: str) -> Any:
     """JSON with one clear line for what Python's parser cannot take (deep nesting, integers
     of thousands of digits, NaN or Infinity, which JSON does not have)."""
-
-    def no_constant(name):
-        raise ValueError(f"{name} is not JSON")
-
     try:
-        return json.loads(text, parse_constant=no_constant)
+        return json.loads(text, parse_constant=reject_constant)
     except json.JSONDecodeError as error:
         raise UserError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     except RecursionError:
@@ -434,6 +424,14 @@ def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Pat
 
 
 def _umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (os.umask would
+    set it for a moment, under every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

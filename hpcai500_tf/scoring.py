@@ -105,7 +105,6 @@ def score(
         if energy["quality_flags"]:
             note += " (" + "; ".join(energy["quality_flags"]) + ")"
     else:
-        watts = per_watt = None
         note = f"not measured: {energy['reason']}"
     return Score(
         quality=quality["achieved"],

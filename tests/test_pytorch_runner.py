@@ -36,6 +36,17 @@ def run_runner(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     )
 
 
+def run_demo(out: Path, venv: Path, timeout: int) -> subprocess.CompletedProcess:
+    """tools/compare_frameworks.sh on the tiny preset, with the commands of `venv`."""
+    return subprocess.run(
+        ["bash", str(ROOT / "tools" / "compare_frameworks.sh"), "tiny", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VENV": str(venv)},
+        timeout=timeout,
+    )
+
+
 def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
     torch_installed, tmp_path
 ):
@@ -43,13 +54,7 @@ def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
     TensorFlow (its data come from the feeder process), so the triton crash cannot come back
     unnoticed with any torch build, CPU-only ones included."""
     out = tmp_path / "demo"
-    result = subprocess.run(
-        ["bash", str(ROOT / "tools" / "compare_frameworks.sh"), "tiny", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "VENV": str(VENV)},
-        timeout=600,
-    )
+    result = run_demo(out, VENV, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (tf_path,) = (out / "tensorflow").glob("*/record.json")
     (torch_path,) = (out / "pytorch").glob("*/record.json")
@@ -272,13 +277,7 @@ def fake_venv(tmp_path: Path, tensorflow_side: str, pytorch_side: str) -> Path:
 def test_the_demo_names_the_side_that_failed(tmp_path, tensorflow_side, pytorch_side, side, code):
     venv = fake_venv(tmp_path, tensorflow_side, pytorch_side)
     out = tmp_path / "out"
-    result = subprocess.run(
-        ["bash", str(ROOT / "tools" / "compare_frameworks.sh"), "tiny", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "VENV": str(venv)},
-        timeout=60,
-    )
+    result = run_demo(out, venv, timeout=60)
     assert result.returncode == code
     assert f"the {side} side failed with exit code {code}" in result.stderr
     assert f"its log: {out}/{side}.log" in result.stderr

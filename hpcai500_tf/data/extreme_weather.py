@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcai500_tf.data.listing import write_json_atomic
+from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 
 CHANNELS = (
@@ -172,7 +172,7 @@ def normalization(files: list[Path], data_dir: Path, samples_per_file: int = 64)
         "std": std.tolist(),
     }
     try:
-        write_json_atomic(stats_path, stats)
+        record_io.write_atomic(stats_path, stats, overwrite=True)
     except OSError:
         pass  # a read-only data directory: computed again next time
     return stats

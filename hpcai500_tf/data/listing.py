@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from hpcai500_tf import record as record_io
 
 CACHE_FILE = ".hpcai500-counts.json"
 FINGERPRINT_METHOD = "sha256 over the JSON list of the sorted [file name, size in bytes] pairs"
@@ -28,18 +29,6 @@ def cache_dir() -> Path:
 def fingerprint(paths: list[Path]) -> str:
     pairs = sorted([p.name, p.stat().st_size] for p in paths)
     return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write through a temporary file in the same directory, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cache_files(data_dir: str | Path) -> list[Path]:
@@ -73,7 +62,7 @@ def store(data_dir: str | Path, split: str, facts: dict) -> Path | None:
         stored["splits"][split] = facts
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, stored)
+            record_io.write_atomic(path, stored, overwrite=True)
             return path
         except OSError:
             continue

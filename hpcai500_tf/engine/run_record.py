@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -180,37 +179,30 @@ def energy_result(
     intervals = [(s["start"], s["stop"]) for s in progress.segments]
     interval_s = sum(stop - start for start, stop in intervals)
     try:
-        block, warnings = _energy_block(progress, notes, hz, meter_log, other_workers)
-        if _all_finite(block):
-            return block, warnings
-        why = "the readings give a number that is not finite (a sensor or log out of range)"
+        block, warnings = _energy_block(
+            progress, notes, hz, meter_log, other_workers, intervals, interval_s
+        )
     except Exception as error:  # noqa: BLE001 - any failure here must not lose the run
         why, warnings = f"energy could not be computed ({error.__class__.__name__}: {error})", []
+    else:
+        try:
+            record_io.dumps(block)  # the record's own writer refuses numbers that are not finite
+            return block, warnings
+        except ValueError:
+            why = "the readings give a number that is not finite (a sensor or log out of range)"
     block, more = power.energy_block([], [*notes, why], interval_s, hz or None)
     return block, [*warnings, f"energy not measured: {why}", *more]
 
 
-def _all_finite(value) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_all_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_all_finite(v) for v in value)
-    return True
-
-
-def _energy_block(progress, notes, hz, meter_log, other_workers):
+def _energy_block(progress, notes, hz, meter_log, other_workers, intervals, interval_s):
     measurements = power.combine_segments(progress.energy) + list(other_workers)
     warnings = []
-    intervals = [(s["start"], s["stop"]) for s in progress.segments]
     if meter_log:
         try:
             readings, warnings = read_meter_log(meter_log)
             measurements.append(power.meter_measurement(readings, intervals, meter_log))
         except UserError as error:
             warnings.append(f"meter log not used: {error}")
-    interval_s = sum(stop - start for start, stop in intervals)
     if other_workers and meter_log:
         notes = [*notes, "the meter log is worker 0's node: the other nodes are not in it"]
     block, more = power.energy_block(measurements, notes, interval_s, hz or None)
