@@ -66,12 +66,12 @@ def main() -> None:
             where = "simulated RAPL files (this machine has no sensors)"
         rates = {"sampled": [], "unsampled": []}
         reads = []
-        engine.run(Progress("warm-up"), None)  # the input pipeline's first start, untimed
+        engine.train_epochs(Progress("warm-up"), None)  # the input pipeline's first start, untimed
         for _ in range(args.rounds):
             for kind in ("unsampled", "sampled"):
                 sampler = PowerSampler(sources, args.hz).start() if kind == "sampled" else None
                 start = time.perf_counter()
-                progress = engine.run(Progress(kind), None, power=sampler)
+                progress = engine.train_epochs(Progress(kind), None, power=sampler)
                 seconds = time.perf_counter() - start
                 if sampler:
                     sampler.stop()

@@ -45,7 +45,7 @@ def measure_full(preset: str, epochs: int, extra: list[str]) -> float:
     view = LiveView()
     with tempfile.TemporaryDirectory() as out:
         try:
-            record, _ = run.train(setup, None, out, view=view)
+            record, _ = run.run_benchmark(setup, None, out, view=view)
         finally:
             view.close()
     seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])

@@ -38,9 +38,9 @@ def _import_tensorflow() -> None:
 
 def _sysinfo(args: argparse.Namespace) -> int:
     _import_tensorflow()
-    from hpcai500_tf import layers
+    from hpcai500_tf import benchmark_layers
 
-    observed = layers.system_layers()
+    observed = benchmark_layers.system_layers()
     if args.json:
         print(json.dumps(observed, indent=2))
         return 0
@@ -188,7 +188,7 @@ def _train(args: argparse.Namespace) -> int:
     console.print(f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(args.preset)}'")
     view = LiveView()
     try:
-        record, path = run.train(
+        record, path = run.run_benchmark(
             setup,
             args.data,
             args.out,
@@ -343,9 +343,9 @@ def _roofline(args: argparse.Namespace) -> int:
     _import_tensorflow()
     from hpcai500_tf.engine.run import build_engine
     from hpcai500_tf.report.console import ceilings_table, console, workload_table
-    from hpcai500_tf.roofline import chart, kernels, measure
+    from hpcai500_tf.roofline import chart, kernels, sweep
 
-    plan = measure.QUICK if args.quick else measure.FULL
+    plan = sweep.QUICK if args.quick else sweep.FULL
     if args.dtypes:
         unknown = set(args.dtypes.split(",")) - set(kernels.DTYPES)
         if unknown:
@@ -360,19 +360,19 @@ def _roofline(args: argparse.Namespace) -> int:
         setup, None if setup.config["data"]["source"] != "imagenet" else "/nonexistent"
     )
     say = functools.partial(console.print, markup=False)  # measurement text, not markup
-    conv_shapes = measure.resnet50_conv_shapes(plan) + measure.weather_conv_shapes(plan)
-    measured = measure.ceilings(plan, conv_shapes, say)
+    conv_shapes = sweep.resnet50_conv_shapes(plan) + sweep.weather_conv_shapes(plan)
+    measured = sweep.measure_ceilings(plan, conv_shapes, say)
     work = None
     if not args.no_workload:
-        work = measure.workload_points(engine, plan.min_seconds, say)
-    result = measure.new_record(
+        work = sweep.workload_points(engine, plan.min_seconds, say)
+    result = sweep.new_record(
         "quick" if args.quick else "full",
         measured,
         work,
         {"benchmark": benchmark, "preset": preset},
     )
     if run_record:
-        result["run"] = {"record": str(args.record), **measure.record_point(run_record, engine)}
+        result["run"] = {"record": str(args.record), **sweep.record_point(run_record, engine)}
     out.mkdir(parents=True, exist_ok=True)
     record.write_atomic(out / "roofline.json", result)
     images = chart.draw(result, out / "roofline")

@@ -10,7 +10,17 @@ from typing import Any
 
 from hpcai500_tf.errors import UserError
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+
+def _shipped_configs() -> Path:
+    """The presets and level rules: the checkout's top-level configs/ (a clone, or an editable
+    install of one), else the copy a wheel installs as hpcai500_tf/configs."""
+    checkout = Path(__file__).resolve().parents[1] / "configs"
+    if (checkout / "levels.toml").is_file():
+        return checkout
+    return Path(__file__).resolve().parent / "configs"
+
+
+CONFIG_DIR = _shipped_configs()
 LAYER_IDS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9")
 INT32_MAX = 2**31 - 1  # the largest seed, count or size TensorFlow and numpy take
 

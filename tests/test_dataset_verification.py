@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf import config, layers
+from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.data import extreme_weather as ew
 from hpcai500_tf.data import imagenet, listing, tfrecords
 from hpcai500_tf.engine.run_record import _not_rankable
@@ -162,7 +162,7 @@ def _image_classification(data_dir, *overrides):
 
 
 def _l9(setup, workload) -> dict:
-    return layers.run_layers(
+    return benchmark_layers.run_layers(
         setup,
         workload,
         workers=1,

@@ -427,7 +427,9 @@ def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch)
     meter = _log(tmp_path, "".join(f"{now - 30 + t},{300 + t % 2}\n" for t in range(600)))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
     with RaplWriter(powercap, watts=80.0):
-        rec, path = run.train(setup, None, tmp_path / "runs", power_hz=20, meter_log=str(meter))
+        rec, path = run.run_benchmark(
+            setup, None, tmp_path / "runs", power_hz=20, meter_log=str(meter)
+        )
     energy = record.load(path)["energy"]
     assert energy["measured"] and energy["scope"] == "whole node (meter log)"
     assert energy["average_watts"] == pytest.approx(300.5, abs=0.5)
@@ -457,9 +459,11 @@ def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, mo
     monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
     with RaplWriter(powercap, watts=40.0):
-        stopped, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20)
+        stopped, path = run.run_benchmark(
+            setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20
+        )
         time.sleep(1.0)  # between the processes: not part of the run
-        done, _ = run.train(setup, None, tmp_path, resume=str(path.parent), power_hz=20)
+        done, _ = run.run_benchmark(setup, None, tmp_path, resume=str(path.parent), power_hz=20)
     first, whole = stopped["energy"], done["energy"]
     segments = done["timeline"]["segments"]
     assert whole["interval_s"] == pytest.approx(sum(s["stop"] - s["start"] for s in segments))

@@ -308,7 +308,7 @@ def test_random_data_is_a_throughput_only_run(tmp_path):
     setup = config.prepare("extreme_weather", "tiny", ["data.source=random"])
     from hpcai500_tf.engine import run
 
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["quality"]["measured"] is False and rec["flops"]["total"] is None
     assert rec["layers"]["L7"]["image_size"] == [32, 48]
 
@@ -355,5 +355,5 @@ def test_smoke_preset_reaches_its_target(tmp_path):
     setup = config.prepare("extreme_weather", "smoke")
     from hpcai500_tf.engine import run
 
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["quality"]["reached_target"], rec["quality"]["curve"]

@@ -5,18 +5,18 @@ import json
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf import config, layers
+from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine.run import build_engine
 from hpcai500_tf.roofline import kernels, peaks, workload
-from hpcai500_tf.roofline.measure import QUICK, resnet50_conv_shapes
+from hpcai500_tf.roofline.sweep import QUICK, resnet50_conv_shapes
 
 
 def test_chained_gemm_stays_below_the_machine_peak():
     """Unchained, identical matmuls are merged and report several times the peak."""
     rate, timing, layout = kernels.gemm(256, "fp32", min_seconds=0.02)
     assert layout in kernels.GEMM_LAYOUTS
-    peak, _ = peaks.theoretical_peak("fp32", layers.hardware_layer())
+    peak, _ = peaks.theoretical_peak("fp32", benchmark_layers.hardware_layer())
     assert timing.repetitions >= 1 and rate > 0
     if peak:  # the reported clock may sit below the turbo clock: allow 2x, not 5x
         assert rate < 2 * peak
@@ -134,7 +134,7 @@ def test_roofline_bad_input(tmp_path, capsys, args, message):
 
 
 def test_the_weather_detector_is_placed_part_by_part():
-    from hpcai500_tf.roofline.measure import FULL, weather_conv_shapes
+    from hpcai500_tf.roofline.sweep import FULL, weather_conv_shapes
 
     setup = config.prepare("extreme_weather", "smoke", ["data.source=random"])
     engine = build_engine(setup, None)

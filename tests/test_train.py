@@ -52,7 +52,7 @@ def test_a_mixed_precision_run_trains_without_diverging(tmp_path):
     setup = config.prepare(
         "image_classification", "tiny", ["training.precision=mixed", "training.epochs=3"]
     )
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["layers"]["L7"]["precision"] == "mixed_bfloat16"
     assert rec["status"] == "completed", rec["warnings"]
     assert all(math.isfinite(e["loss"]) for e in rec["timeline"]["epochs"])
@@ -135,7 +135,7 @@ class StopBeforeEpoch:
 
 def test_resume_continues_without_double_counting(tmp_path):
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    stopped, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(3))
+    stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3))
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
     run_dir = path.parent
     assert (
@@ -188,7 +188,7 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
 
 def test_resume_with_another_config_is_refused(tmp_path, capsys):
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    _, path = run.train(setup, None, tmp_path, view=StopBeforeEpoch(2))
+    _, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(2))
     assert (
         main(["train", "image_classification", "--preset", "tiny", "--resume", str(path.parent)])
         == 2
@@ -238,7 +238,7 @@ def test_a_nan_weight_shows_in_the_loss_even_when_the_forward_pass_hides_it(
 
 def test_random_data_is_throughput_only(tmp_path):
     setup = config.prepare("image_classification", "tiny", ["data.source=random"])
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["quality"]["measured"] is False and rec["quality"]["curve"] == []
     assert rec["flops"]["total"] is None
     assert "random data: quality not measured (throughput only)" in rec["not_rankable_reasons"]
@@ -319,7 +319,7 @@ def test_mirrored_strategy(tmp_path):
     setup = config.prepare(
         "image_classification", "tiny", ["training.strategy=mirrored", "training.epochs=1"]
     )
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["status"] == "completed", rec["warnings"]
     assert rec["layers"]["L6"]["strategy"] == "mirrored"
     assert rec["layers"]["L3"]["collective_implementation"]
@@ -344,7 +344,7 @@ def test_deterministic_runs_repeat_exactly(tmp_path):
     settings = ["training.deterministic=true", "training.epochs=1"]
     losses = []
     for name in ("a", "b"):
-        rec, _ = run.train(
+        rec, _ = run.run_benchmark(
             config.prepare("image_classification", "tiny", settings), None, tmp_path / name
         )
         losses.append((rec["timeline"]["epochs"][0]["loss"], rec["quality"]["final"]))
@@ -362,7 +362,7 @@ def test_lars_and_step_schedule_train(tmp_path):
             "optimizer.base_learning_rate=8.0",
         ],
     )
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["status"] == "completed"
     assert rec["layers"]["L8"]["optimizer"] == "lars"
     assert rec["layers"]["L8"]["step_boundaries"] == [1]
@@ -386,5 +386,5 @@ def test_xla_switch(tmp_path):
     setup = config.prepare(
         "image_classification", "tiny", ["training.xla=true", "training.epochs=1"]
     )
-    rec, _ = run.train(setup, None, tmp_path)
+    rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["status"] == "completed" and rec["layers"]["L7"]["xla"] is True

@@ -55,9 +55,9 @@ def torch_build(torch) -> str:
 
 def nvidia_gpus_present() -> bool:
     """Whether this machine has NVIDIA GPUs (NVML), whatever torch can see."""
-    from hpcai500_tf import layers
+    from hpcai500_tf import benchmark_layers
 
-    return bool(layers.nvidia_gpus()[0])
+    return bool(benchmark_layers.nvidia_gpus()[0])
 
 
 def choose_device(torch, asked: str):

@@ -259,13 +259,13 @@ class TorchRunner:
 
         import numpy
 
-        from hpcai500_tf import layers
+        from hpcai500_tf import benchmark_layers
 
         torch = self.torch
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return {
-            "L1": layers.hardware_layer(),
-            "L2": layers.os_layer(),
+            "L1": benchmark_layers.hardware_layer(),
+            "L2": benchmark_layers.os_layer(),
             "L3": {"collective_implementation": None, "note": "single device: no collectives"},
             "L4": {
                 "cuda_build": torch.version.cuda is not None,
@@ -282,7 +282,7 @@ class TorchRunner:
                 "python_version": platform.python_version(),
                 "python_implementation": sys.implementation.name,
             },
-            **layers.run_layers(
+            **benchmark_layers.run_layers(
                 self.setup,
                 self.workload,
                 workers=1,

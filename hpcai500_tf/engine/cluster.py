@@ -95,7 +95,7 @@ def cluster_resolver():
         check_port_free(own_address(config))
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(), "TF_CONFIG"
     if under_slurm():
-        from hpcai500_tf.layers import nvidia_gpus
+        from hpcai500_tf.benchmark_layers import nvidia_gpus
 
         port_base = int(os.environ.get("HPCAI500_SLURM_PORT_BASE", SLURM_PORT_BASE))
         gpus = len(nvidia_gpus()[0])

@@ -280,7 +280,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(
+    def train_epochs(
         self, progress: Progress, run_dir: Path | None, log_every: int = 10, power=None
     ) -> Progress:
         """Train from `progress.epochs_done` to the budget; returns the final progress.

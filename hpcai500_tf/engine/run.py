@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from hpcai500_tf import layers
+from hpcai500_tf import benchmark_layers
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
@@ -87,14 +87,14 @@ def _layers(setup: Setup, engine: Engine) -> dict:
     if name == "multi_worker":
         c = setup.communication
         l3 |= {"timeout_s": c.timeout_s, "join_timeout_s": c.join_timeout_s}
-    observed = layers.system_layers(workers, l3["collective_implementation"])
+    observed = benchmark_layers.system_layers(workers, l3["collective_implementation"])
     observed["L3"] = l3
     threads = (
         tf.config.threading.get_intra_op_parallelism_threads()
         or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0))
         or len(os.sched_getaffinity(0))  # TensorFlow's default: one per usable core
     )
-    return observed | layers.run_layers(
+    return observed | benchmark_layers.run_layers(
         setup,
         engine.workload,
         workers=workers,
@@ -118,7 +118,7 @@ def _gather_energy(engine: Engine, progress: Progress, warnings: list[str]):
     return power.other_workers(rows.tolist())
 
 
-def train(
+def run_benchmark(
     setup: Setup,
     data_dir: str | None,
     out_dir: str | Path,
@@ -207,7 +207,7 @@ def train(
         sampler, notes = start_power_sampling(power_hz, view)  # every worker samples its node
     try:
         if not finished:
-            engine.run(progress, save_dir, power=sampler)
+            engine.train_epochs(progress, save_dir, power=sampler)
     except Diverged as error:
         status = "diverged"
         warnings.append(str(error))

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from hpcai500_tf import __version__, layers
+from hpcai500_tf import __version__, benchmark_layers
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup, peak_learning_rate
 from hpcai500_tf.energy import sampler as power
@@ -133,7 +133,7 @@ def log_setup(mllog: MLLogger, setup: Setup, global_batch: int, workload) -> Non
     )
     mllog.event("submission_division", "open")
     mllog.event("submission_org", "hpcai500-tf")
-    mllog.event("submission_platform", layers.hardware_layer()["summary"])
+    mllog.event("submission_platform", benchmark_layers.hardware_layer()["summary"])
     mllog.event("submission_status", "research")
     mllog.event("cache_clear", True)
     mllog.event("seed", t.seed)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from hpcai500_tf import __version__, layers
+from hpcai500_tf import __version__, benchmark_layers
 from hpcai500_tf.roofline import kernels, peaks, workload
 
 RECORD_KIND = "hpcai500-roofline"
@@ -66,12 +66,12 @@ def weather_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
 
 def _fits(bytes_needed: float) -> bool:
     """Refuse sizes that would not fit: a quarter of physical memory at most."""
-    total = layers.hardware_layer().get("memory_bytes") or 0
+    total = benchmark_layers.hardware_layer().get("memory_bytes") or 0
     return not total or bytes_needed < total / 4
 
 
-def ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -> dict:
-    hardware = layers.hardware_layer()
+def measure_ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -> dict:
+    hardware = benchmark_layers.hardware_layer()
     results, skipped = {}, {}
     bandwidth = {}
     for name in kernels.STREAM_KERNELS:
@@ -223,7 +223,7 @@ def new_record(
         "kind": RECORD_KIND,
         "plan": plan_name,
         "tool": {"name": "hpcai500-tf", "version": __version__},
-        "layers": layers.system_layers(),
+        "layers": benchmark_layers.system_layers(),
         "workload": workload_result,
         **setup_info,
         **measured,
