@@ -1,6 +1,6 @@
 """The filter gradient of ResNet-50 v1.5's 1x1, stride-1 convolutions: TensorFlow's
 Conv2DBackpropFilter against the matrix product the model uses instead
-(`models/resnet.py: pointwise_filter_gradient`), at batch 32 and 224x224, per precision.
+(`models/kernels.py: pointwise_filter_gradient`), at batch 32 and 224x224, per precision.
 
 Both sides run eagerly on the same tensors, interleaved, median of repeated calls after a
 warm-up; each call is synced by reading one value back. Prints each unique shape and the
@@ -35,7 +35,8 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from hpcai500_tf.models.resnet import pointwise_filter_gradient, resnet50_v15
+    from hpcai500_tf.models.kernels import pointwise_filter_gradient
+    from hpcai500_tf.models.resnet import resnet50_v15
     from hpcai500_tf.roofline.workload import layer_shapes
 
     def native_filter_gradient(inputs, upstream):

@@ -66,7 +66,7 @@ def measure(side: str, sizes: list[int], seconds: float, threads: int | None) ->
     if side == "tensorflow":
         import tensorflow as tf
 
-        from hpcai500_tf.roofline import kernels
+        from hpcai500_tf.roofline import timed_ops
 
         if threads:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -98,7 +98,7 @@ def measure(side: str, sizes: list[int], seconds: float, threads: int | None) ->
         a = rng.standard_normal((n, n), dtype=np.float32)
         b = (rng.standard_normal((n, n), dtype=np.float32) / n**0.5).astype(np.float32)
         if side == "tensorflow":
-            rates = {dt: kernels.gemm(n, dt, seconds)[0] for dt in ("fp32", "bf16")}
+            rates = {dt: timed_ops.gemm(n, dt, seconds)[0] for dt in ("fp32", "bf16")}
         elif side == "numpy":
             rates = {
                 "fp32": max(chained_rate(lambda x, m=m: x @ m, a, n, seconds) for m in (b, b.T))

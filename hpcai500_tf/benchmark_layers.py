@@ -191,7 +191,8 @@ def run_layers(
     precision: str,
     intra_op_threads: int,
 ) -> dict[str, dict]:
-    """L6-L9 of a run, in terms every framework's runner shares (`setup`: config.Setup)."""
+    """L6-L9 of a run, in terms every framework's runner shares (`setup`: config.Setup;
+    `workload`: a workload, or the PyTorch runner's facts of one)."""
     t, o = setup.training, setup.optimizer
     return {
         "L6": {
@@ -204,7 +205,12 @@ def run_layers(
             "global_batch": global_batch,
             "intra_op_threads": intra_op_threads,
         },
-        "L7": {**workload.workload_layer(), "precision": precision, "xla": t.xla},
+        "L7": {
+            **workload.workload_layer(),
+            "kernels": workload.kernels,  # what ran: "cpu-workarounds" or "stock", not "auto"
+            "precision": precision,
+            "xla": t.xla,
+        },
         "L8": {
             "optimizer": "sgd_momentum" if o.name == "sgd" else "lars",
             "momentum": o.momentum,

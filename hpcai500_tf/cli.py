@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import functools
 import json
 import os
@@ -13,31 +11,13 @@ from pathlib import Path
 
 from hpcai500_tf import __version__
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.tensorflow_import import import_tensorflow
 
 MAX_POWER_SECONDS = 86_400
 
 
-def _import_tensorflow() -> None:
-    """Import TensorFlow with its native start-up banners (written to fd 2 before its logging
-    is configured, so TF_CPP_MIN_LOG_LEVEL cannot silence them) kept off the console."""
-    if "tensorflow" in sys.modules:
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow as tf
-
-        tf.get_logger().setLevel("ERROR")
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _sysinfo(args: argparse.Namespace) -> int:
-    _import_tensorflow()
+    import_tensorflow()
     from hpcai500_tf import benchmark_layers
 
     observed = benchmark_layers.system_layers()
@@ -58,20 +38,6 @@ def _load_records(paths: list[str]) -> list[tuple[str, dict]]:
     from hpcai500_tf import record
 
     return [(path, record.load(path)) for path in paths]
-
-
-PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "examples" / "published_2020"
-
-
-def published_records() -> list[tuple[str, dict]]:
-    """The nine entries of the July 2020 image-classification ranking, as records."""
-    paths = sorted(PUBLISHED_DIR.glob("*.json"))
-    if not paths:
-        raise UserError(
-            f"{PUBLISHED_DIR}: the published records ship with a clone of the repository "
-            "(examples/published_2020/); this install has none"
-        )
-    return _load_records([str(p) for p in paths])
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -97,33 +63,17 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _rank(args: argparse.Namespace) -> int:
-    from hpcai500_tf import config, scoring
+    from hpcai500_tf import scoring
 
-    records = _load_records(args.records)
-    if args.published:
-        records += published_records()
-    name = args.benchmark
-    if name is None:
-        names = sorted({rec["benchmark"] for _, rec in records})
-        if len(names) > 1:
-            raise UserError(
-                f"records of several benchmarks ({', '.join(names)}): choose one with --benchmark"
-            )
-        name = names[0]
-    benchmark = config.load_benchmark(name)
-    level = config.load_level(args.level)
-    _, repeatability = config.load_levels()
-    if args.max_cv is not None:
-        if not 0 < args.max_cv <= 1:
-            raise UserError(f"--max-cv must be in (0, 1], got {args.max_cv}")
-        repeatability = dataclasses.replace(repeatability, max_cv=args.max_cv)
-    conventions = [args.convention]
-    if args.published and args.convention == "stated" and "published-2020" in benchmark.conventions:
-        conventions.append("published-2020")  # the ranking's own reading beside the stated one
-    rankings = [
-        scoring.rank(records, benchmark, level, repeatability, args.cap, convention)
-        for convention in conventions
-    ]
+    rankings = scoring.rank_records(
+        _load_records(args.records),
+        args.benchmark,
+        args.level,
+        args.cap,
+        args.convention,
+        args.max_cv,
+        args.published,
+    )
     if args.json:
         rendered = [scoring.ranking_to_json(r) for r in rankings]
         print(json.dumps(rendered[0] if len(rendered) == 1 else rendered, indent=2))
@@ -132,23 +82,9 @@ def _rank(args: argparse.Namespace) -> int:
 
     for ranking in rankings:
         console.print(ranking_table(ranking))
-    if ranking.refused:
-        console.print(refused_table(ranking.refused))
+    if rankings[-1].refused:
+        console.print(refused_table(rankings[-1].refused))
     return 0
-
-
-def _worker_args(args: argparse.Namespace) -> list[str]:
-    """The train arguments each launched worker gets (the launcher adds TF_CONFIG and the
-    run directory)."""
-    forwarded = [args.benchmark, "--preset", args.preset]
-    for override in args.set:  # the workers choose multi_worker themselves (TF_CONFIG is set)
-        forwarded += ["--set", override]
-    if args.data:
-        forwarded += ["--data", args.data]
-    forwarded += ["--power-hz", str(args.power_hz)]
-    if args.meter_log:
-        forwarded += ["--meter-log", args.meter_log]
-    return forwarded
 
 
 def _directory(flag: str, path: str) -> Path:
@@ -161,43 +97,35 @@ def _directory(flag: str, path: str) -> Path:
 def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
     from hpcai500_tf.energy.sampler import check_rate
+    from hpcai500_tf.engine.cluster import strategy_overrides
 
     check_rate("--power-hz", args.power_hz, may_be_off=True)
     if not args.resume:
         _directory("--out", args.out)
+    overrides = [*args.set, *strategy_overrides(launching_workers=args.workers is not None)]
+    if args.resume:  # validated before TensorFlow loads
+        setup = config.resume_setup(
+            args.resume, args.benchmark, args.preset, overrides, args.config
+        )
+    else:
+        setup = config.run_setup(args.benchmark, args.preset, overrides, args.config)
     if args.workers is not None:
         from hpcai500_tf import launch
 
-        overrides = [*args.set, "training.strategy=multi_worker"]
-        setup = config.prepare(args.benchmark, args.preset, overrides)
-        return launch.launch(setup, _worker_args(args), args.workers, args.out, args.resume)
-    from hpcai500_tf.engine.cluster import cluster_in_environment
-
-    overrides = list(args.set)
-    found = cluster_in_environment()
-    if found:  # one task of a cluster (srun, a user's TF_CONFIG, or the --workers launcher)
-        overrides.append("training.strategy=multi_worker")
-    setup = config.prepare(args.benchmark, args.preset, overrides)  # validates before TF loads
-    _import_tensorflow()
+        return launch.launch(setup, launch.worker_args(args), args.workers, args.out, args.resume)
+    import_tensorflow()
     from hpcai500_tf import scoring
-    from hpcai500_tf.engine import run
+    from hpcai500_tf.engine import cluster, run
     from hpcai500_tf.report.console import console, escape, score_table
     from hpcai500_tf.report.live import LiveView
 
-    multi_worker = setup.training.strategy == "multi_worker"
-    console.print(f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(args.preset)}'")
+    console.print(f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'")
     view = LiveView()
     try:
         record, path = run.run_benchmark(
-            setup,
-            args.data,
-            args.out,
-            args.resume,
-            view,
-            args.power_hz,
-            args.meter_log,
+            setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log,
             args.run_dir,
-        )
+        )  # fmt: skip
     finally:
         view.close()
     if record is None:
@@ -206,10 +134,8 @@ def _train(args: argparse.Namespace) -> int:
     if record["status"] != "completed":
         warnings = escape("; ".join(record["warnings"]))
         console.print(f"[red]run {record['status']}[/red]: {warnings}")
-        if multi_worker:  # TensorFlow's shutdown would wait for the lost peer
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+        if setup.training.strategy == "multi_worker":
+            cluster.exit_without_shutdown(1)  # TensorFlow's shutdown would wait for a lost peer
         return 1
     if not record["quality"]["measured"]:
         console.print("throughput-only run (random data): quality not measured, no score")
@@ -281,7 +207,6 @@ def _power(args: argparse.Namespace) -> int:
     sampler.check_rate("--hz", args.hz, may_be_off=False)
     if not 0 < args.seconds <= MAX_POWER_SECONDS:
         raise UserError(f"--seconds must be in (0, {MAX_POWER_SECONDS}], got {args.seconds}")
-
     found, notes = sources.discover()
     measurements = sampler.live_reading(found, args.seconds, args.hz) if found else []
     meter, meter_warnings = (
@@ -310,74 +235,40 @@ def _power(args: argparse.Namespace) -> int:
 def _flops(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
 
-    setup = config.prepare(args.benchmark, args.preset, args.set)
-    _import_tensorflow()
+    setup = config.without_data(
+        config.run_setup(args.benchmark, args.preset, args.set, args.config)
+    )
+    import_tensorflow()
     from hpcai500_tf.engine import run
 
-    report = run.flops_report(setup, args.data)
+    report = run.flops_report(setup)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     from hpcai500_tf.report.console import console, flops_table
 
-    console.print(flops_table(args.benchmark, args.preset, report))
+    console.print(flops_table(setup.benchmark.name, setup.preset, report))
     return 0
 
 
 def _roofline(args: argparse.Namespace) -> int:
-    from hpcai500_tf import config, record
+    from hpcai500_tf import config
 
-    run_record = record.load(args.record) if args.record else None
-    benchmark = run_record["benchmark"] if run_record else args.benchmark
-    preset = run_record["preset"] if run_record else args.preset
-    if args.batch is not None and not 1 <= args.batch <= 65_536:
-        raise UserError(f"--batch must be in [1, 65536], got {args.batch}")
-    setup = config.prepare(benchmark, preset, [] if run_record else args.set)
-    # The roofline reads no data (it times synthetic batches): the model and precision come
-    # from the preset, or from the record's own config.
-    run_config = copy.deepcopy(run_record["config"] if run_record else setup.config)
-    run_config["data"]["source"] = "random"
-    if args.batch is not None:
-        run_config["training"]["batch_per_replica"] = args.batch
-    setup = config.setup_from(setup.benchmark, preset, run_config)
-    _import_tensorflow()
-    from hpcai500_tf.engine.run import build_engine
-    from hpcai500_tf.report.console import ceilings_table, console, workload_table
-    from hpcai500_tf.roofline import chart, kernels, sweep
-
-    plan = sweep.QUICK if args.quick else sweep.FULL
-    if args.dtypes:
-        unknown = set(args.dtypes.split(",")) - set(kernels.DTYPES)
-        if unknown:
-            raise UserError(
-                f"unknown dtype {', '.join(sorted(unknown))} (known: {', '.join(kernels.DTYPES)})"
-            )
-        plan = dataclasses.replace(plan, dtypes=tuple(args.dtypes.split(",")))
+    setup, run_record = config.roofline_setup(
+        args.record, args.benchmark, args.preset, args.set, args.batch
+    )
     out = _directory("--out", args.out)
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"{out}: exists and is not empty; refusing to overwrite it")
-    engine = build_engine(
-        setup, None if setup.config["data"]["source"] != "imagenet" else "/nonexistent"
-    )
+    import_tensorflow()
+    from hpcai500_tf.report.console import ceilings_table, console, workload_table
+    from hpcai500_tf.roofline import sweep
+
+    plan_name, plan = sweep.choose_plan(args.quick, args.dtypes)
     say = functools.partial(console.print, markup=False)  # measurement text, not markup
-    conv_shapes = sweep.resnet50_conv_shapes(plan) + sweep.weather_conv_shapes(plan)
-    measured = sweep.measure_ceilings(plan, conv_shapes, say)
-    work = None
-    if not args.no_workload:
-        work = sweep.workload_points(engine, plan.min_seconds, say)
-    result = sweep.new_record(
-        "quick" if args.quick else "full",
-        measured,
-        work,
-        {"benchmark": benchmark, "preset": preset},
+    result, images = sweep.run_sweep(
+        setup, plan_name, plan, out, not args.no_workload, run_record, args.record, say
     )
-    if run_record:
-        result["run"] = {"record": str(args.record), **sweep.record_point(run_record, engine)}
-    out.mkdir(parents=True, exist_ok=True)
-    record.write_atomic(out / "roofline.json", result)
-    images = chart.draw(result, out / "roofline")
     console.print(ceilings_table(result))
-    if work:
+    if result["workload"]:
         console.print(workload_table(result))
     console.print(
         f"record: {out / 'roofline.json'}\nchart: {', '.join(map(str, images))}", markup=False
@@ -385,14 +276,22 @@ def _roofline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("benchmark", help="image_classification or extreme_weather")
+def _add_run_arguments(parser: argparse.ArgumentParser, reads_data: bool = True) -> None:
     parser.add_argument(
-        "--preset", default="smoke", help="reference, smoke or tiny (default smoke: built-in data)"
+        "benchmark",
+        nargs="?",
+        help="image_classification or extreme_weather (not needed with --config or --resume)",
     )
+    parser.add_argument("--preset", help="reference, smoke or tiny (default smoke: built-in data)")
     parser.add_argument(
-        "--data", help="dataset: ImageNet TFRecords or ExtremeWeather .h5 files ('reference')"
+        "--config",
+        metavar="FILE",
+        help="your own TOML config: benchmark = ..., inherits = PRESET, then sections to change",
     )
+    if reads_data:
+        parser.add_argument(
+            "--data", help="dataset: ImageNet TFRecords or ExtremeWeather .h5 files ('reference')"
+        )
     parser.add_argument(
         "--set",
         action="append",
@@ -413,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="run a benchmark to its epoch budget and score it")
     _add_run_arguments(train)
     train.add_argument("--out", default="runs", help="where run directories go (default runs/)")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue a stopped run with the config saved in it"
+    )
     train.add_argument(
         "--power-hz",
         type=float,
@@ -434,8 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)
 
-    flops = commands.add_parser("flops", help="FLOPs per example of a benchmark's train step")
-    _add_run_arguments(flops)
+    flops = commands.add_parser(
+        "flops", help="FLOPs per example of a benchmark's train step (reads no data)"
+    )
+    _add_run_arguments(flops, reads_data=False)
     flops.add_argument("--json", action="store_true")
     flops.set_defaults(handler=_flops)
 

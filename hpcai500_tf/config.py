@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcai500_tf import validation
 from hpcai500_tf.errors import UserError
 
 
@@ -98,13 +100,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: not valid TOML ({error})") from None
 
 
+_KIND_WORDS = {str: "a string", int: "an integer", (int, float): "a number", dict: "a table"}
+_KIND_WORDS |= {list: "a list", bool: "true or false"}
+
+
 def _require(table: dict, key: str, kind: type | tuple, path: Path, where: str) -> Any:
+    """`table[key]` of the given Python type, or the one-line error every input gets."""
+    name = validation.dotted(where, key)
     if key not in table:
-        raise UserError(f"{path}: missing key '{where}.{key}'")
+        raise validation.missing_key(path, name)
     value = table[key]
     if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
-        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise UserError(f"{path}: '{where}.{key}' must be {name}, got {value!r}")
+        raise validation.invalid(path, name, _KIND_WORDS[kind], value)
     return value
 
 
@@ -260,17 +267,7 @@ def resolve_preset(benchmark: Benchmark, preset: str, overrides: list[str] = ())
     for name in reversed(chain):
         resolved = _deep_merge(resolved, benchmark.presets[name])
     resolved.pop("inherits", None)
-    for text in overrides:
-        (section, key), value = _parse_override(text)
-        if section not in resolved or not isinstance(resolved[section], dict):
-            raise UserError(
-                f"--set '{text}': unknown section '{section}' "
-                f"(sections: {', '.join(k for k in resolved if isinstance(resolved[k], dict))})"
-            )
-        if key not in resolved[section]:
-            raise UserError(f"--set '{text}': unknown key '{section}.{key}'")
-        resolved[section][key] = value
-    return resolved
+    return _apply_tables(resolved, _override_tables(overrides), "--set")
 
 
 def check_numbers(config: dict) -> None:
@@ -300,42 +297,15 @@ def out_of_range(settings, **ranges: tuple[float, float]) -> str | None:
 
 
 def section(cls, table: Any, where: str):
-    """Build dataclass `cls` from a config table: unknown keys, wrong types and ranges refused.
+    """Build dataclass `cls` from a config table: unknown keys, wrong types and ranges refused,
+    each in the one shape of `validation` ("config: 'training.epochs' must be an integer, ...").
 
     `cls` may define `check(self) -> str | None` returning what is wrong.
     """
-    if not isinstance(table, dict):
-        raise UserError(f"config: '{where}' must be a table")
-    fields = {f.name: f for f in cls.__dataclass_fields__.values()}
-    for key in table:
-        if key not in fields:
-            raise UserError(f"config: unknown key '{where}.{key}' (known: {', '.join(fields)})")
-    values = {}
-    for name, spec in fields.items():
-        if name not in table:
-            raise UserError(f"config: missing key '{where}.{name}'")
-        value, kind = table[name], spec.type
-        expected = {
-            "int": int,
-            "float": (int, float),
-            "str": str,
-            "bool": bool,
-            "list[int]": list,
-            "list[str]": list,
-            "list[float]": list,
-        }[kind]
-        if isinstance(value, bool) and kind != "bool" or not isinstance(value, expected):
-            raise UserError(f"config: '{where}.{name}' must be {kind}, got {value!r}")
-        if kind.startswith("list["):
-            item = {"int": int, "float": (int, float), "str": str}[kind[5:-1]]
-            if any(isinstance(v, bool) or not isinstance(v, item) for v in value):
-                raise UserError(f"config: '{where}.{name}' must be {kind}, got {value!r}")
-            value = [float(v) for v in value] if kind == "list[float]" else value
-        values[name] = float(value) if kind == "float" else value
-    built = cls(**values)
+    built = cls(**validation.dataclass_values(cls, table, where, "config"))
     problem = built.check() if hasattr(built, "check") else None
     if problem:
-        raise UserError(f"config: {where}: {problem}")
+        raise validation.rule_broken("config", where, problem, cls.__dataclass_fields__)
     return built
 
 
@@ -451,6 +421,9 @@ def setup_from(benchmark: Benchmark, preset: str, config: dict) -> Setup:
     training = section(TrainingConfig, config.get("training"), "training")
     optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
     communication = section(CommunicationConfig, config.get("communication"), "communication")
+    from hpcai500_tf.workloads import settings  # settings imports this module
+
+    settings.data_and_model(benchmark.name, config)  # the workload's own sections, checked now
     return Setup(benchmark, preset, config, training, optimizer, communication)
 
 
@@ -460,3 +433,169 @@ def prepare(benchmark_name: str, preset: str, overrides: list[str] = ()) -> Setu
     if not benchmark.presets:
         raise UserError(f"benchmark '{benchmark_name}' cannot be trained yet: it has no presets")
     return setup_from(benchmark, preset, resolve_preset(benchmark, preset, overrides))
+
+
+# ------------------------------------------------------- user config files and saved runs
+
+
+def _apply_tables(resolved: dict, tables: dict, where: str) -> dict:
+    """Sections of a user's config file merged over a resolved preset: only the keys the
+    preset has, so that a misspelt key is refused rather than ignored."""
+    for name, table in tables.items():
+        if not isinstance(resolved.get(name), dict):
+            known = ", ".join(k for k in resolved if isinstance(resolved[k], dict))
+            raise UserError(f"{where}: unknown section '{name}' (sections: {known})")
+        if not isinstance(table, dict):
+            raise UserError(f"{where}: '{name}' must be a table")
+        for key, value in table.items():
+            if key not in resolved[name]:
+                raise UserError(f"{where}: unknown key '{name}.{key}'")
+            resolved[name][key] = value
+    return resolved
+
+
+def load_config_file(path: str | Path, overrides: list[str] = ()) -> Setup:
+    """A user's TOML config: `benchmark`, the shipped preset it `inherits`, then any sections
+    of the preset to change, e.g.
+
+        benchmark = "image_classification"
+        inherits = "smoke"
+        [training]
+        epochs = 3
+
+    `--set` overrides apply after the file. The preset is named `INHERITS+STEM` in the record."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    data = _read_toml(path)
+    name = _require(data, "benchmark", str, path, "")
+    parent = _require(data, "inherits", str, path, "")
+    benchmark = load_benchmark(name)
+    resolved = resolve_preset(benchmark, parent)
+    tables = {k: v for k, v in data.items() if k not in ("benchmark", "inherits")}
+    resolved = _apply_tables(resolved, tables, str(path))
+    resolved = _apply_tables(resolved, _override_tables(overrides), "--set")
+    return setup_from(benchmark, f"{parent}+{path.stem}", resolved)
+
+
+def _override_tables(overrides: list[str]) -> dict:
+    tables: dict = {}
+    for text in overrides:
+        (section_name, key), value = _parse_override(text)
+        tables.setdefault(section_name, {})[key] = value
+    return tables
+
+
+def run_setup(
+    benchmark_name: str | None,
+    preset: str | None,
+    overrides: list[str] = (),
+    config_file: str | None = None,
+) -> Setup:
+    """The config a command runs: a shipped preset (default smoke) or a user's config file."""
+    if config_file:
+        if preset is not None:
+            raise UserError("--config and --preset exclude each other: the file names its preset")
+        setup = load_config_file(config_file, overrides)
+        if benchmark_name is not None and benchmark_name != setup.benchmark.name:
+            raise UserError(
+                f"{config_file}: is a config of {setup.benchmark.name}, not of {benchmark_name}"
+            )
+        return setup
+    if benchmark_name is None:
+        raise UserError("name the benchmark (image_classification or extreme_weather)")
+    return prepare(benchmark_name, preset or "smoke", overrides)
+
+
+def saved_config(setup: Setup) -> dict:
+    """What a run directory keeps of its config (config.json): enough to resume it alone."""
+    return {"benchmark": setup.benchmark.name, "preset": setup.preset, "config": setup.config}
+
+
+def setup_of_run(run_dir: str | Path, file_name: str = "config.json") -> Setup | None:
+    """The config a run directory was started with; None for a directory written before
+    config.json named its benchmark (resume it with the benchmark and preset given again)."""
+    from hpcai500_tf import record as record_io  # record imports this module
+
+    path = Path(run_dir) / file_name
+    if not path.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no {file_name})")
+    saved = record_io.parse_json(record_io.read_regular_file(path, "run config"), path, "config")
+    if not isinstance(saved, dict) or "config" not in saved:
+        return None
+    if not isinstance(saved.get("benchmark"), str) or not isinstance(saved.get("preset"), str):
+        raise UserError(f"{path}: 'benchmark' and 'preset' must be strings")
+    if not isinstance(saved["config"], dict):
+        raise UserError(f"{path}: 'config' must be a table")
+    return setup_from(load_benchmark(saved["benchmark"]), saved["preset"], saved["config"])
+
+
+def resume_setup(
+    run_dir: str | Path,
+    benchmark_name: str | None,
+    preset: str | None,
+    overrides: list[str] = (),
+    config_file: str | None = None,
+) -> Setup:
+    """The config to continue a stopped run with: the one saved in it. A config given as well
+    must be the same one (otherwise the run would continue as another benchmark)."""
+    saved = setup_of_run(run_dir)
+    given = benchmark_name is not None or preset is not None or overrides or config_file
+    if saved is None:
+        if benchmark_name is None and not config_file:
+            raise UserError(
+                f"{run_dir}: its config.json does not name the benchmark (an older run): "
+                "give the benchmark, --preset and --set values it was started with"
+            )
+        return run_setup(benchmark_name, preset, overrides, config_file)
+    if not given:
+        return saved
+    if benchmark_name is None and preset is None and not config_file:  # --set alone
+        config = copy.deepcopy(saved.config)
+        setup = setup_from(
+            saved.benchmark,
+            saved.preset,
+            _apply_tables(config, _override_tables(overrides), "--set"),
+        )
+    else:
+        if preset is None and not config_file and saved.preset in saved.benchmark.presets:
+            preset = saved.preset
+        setup = run_setup(benchmark_name, preset, overrides, config_file)
+    if setup.config != saved.config or setup.benchmark.name != saved.benchmark.name:
+        raise UserError(
+            f"{run_dir}: it was started with another config; resume it with the same "
+            "benchmark, preset and --set values, or with --resume alone"
+        )
+    return saved
+
+
+def without_data(setup: Setup, batch_per_replica: int | None = None) -> Setup:
+    """The same run on random data: for what reads no data (counting FLOPs, the roofline),
+    so that no dataset is needed; the model and precision stay the config's."""
+    config = copy.deepcopy(setup.config)
+    config["data"]["source"] = "random"
+    if batch_per_replica is not None:
+        if not 1 <= batch_per_replica <= 65_536:
+            raise UserError(f"--batch must be in [1, 65536], got {batch_per_replica}")
+        config["training"]["batch_per_replica"] = batch_per_replica
+    return setup_from(setup.benchmark, setup.preset, config)
+
+
+def roofline_setup(
+    record_path: str | None,
+    benchmark_name: str,
+    preset: str,
+    overrides: list[str] = (),
+    batch_per_replica: int | None = None,
+) -> tuple[Setup, dict | None]:
+    """The workload the roofline places: a finished run's own config (from its record), or a
+    preset's; on random data either way. Returns the setup and the record (or None)."""
+    from hpcai500_tf import record as record_io  # record imports this module
+
+    if record_path is None:
+        setup = prepare(benchmark_name, preset, overrides)
+        return without_data(setup, batch_per_replica), None
+    run_record = record_io.load(record_path)
+    benchmark = load_benchmark(run_record["benchmark"])
+    setup = setup_from(benchmark, run_record["preset"], run_record["config"])
+    return without_data(setup, batch_per_replica), run_record

@@ -31,6 +31,25 @@ THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM
 DEFAULT_FAILURE_GRACE_S = 30.0
 
 
+def worker_args(args) -> list[str]:
+    """The `train` arguments each launched worker gets from the launcher's own (the launcher
+    adds TF_CONFIG, and --run-dir or --resume). A resumed run's workers read its saved config;
+    every worker chooses multi_worker itself (TF_CONFIG is set)."""
+    forwarded = [args.benchmark] if args.benchmark else []
+    if args.preset:
+        forwarded += ["--preset", args.preset]
+    if args.config:
+        forwarded += ["--config", args.config]
+    for override in args.set:
+        forwarded += ["--set", override]
+    if args.data:
+        forwarded += ["--data", args.data]
+    forwarded += ["--power-hz", str(args.power_hz)]
+    if args.meter_log:
+        forwarded += ["--meter-log", args.meter_log]
+    return forwarded
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct ports free on loopback now (held open together, then released)."""
     sockets = []

@@ -26,9 +26,12 @@ import json
 import tomllib
 from pathlib import Path
 
-from hpcai500_tf import __version__, config
+from hpcai500_tf import __version__, config, record_builder
 from hpcai500_tf import record as record_io
+from hpcai500_tf.config import LAYER_IDS, Benchmark
+from hpcai500_tf.engine.mllog import benchmark_from_mlperf
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 PREFIX = ":::MLLOG "
 REQUIRED = {
@@ -38,20 +41,20 @@ REQUIRED = {
     "train_samples": "the epoch size (examples per epoch)",
     "eval_accuracy": "the quality curve",
 }
-BENCHMARK_NAMES = {"resnet": "image_classification"}
-SIDECAR_KEYS = {
-    "framework": str,
-    "framework_version": str,
-    "flops_per_example": (int, float),
-    "flops_method": str,
-    "flop_basis": str,
-    "preset": str,
-    "target_quality": (int, float),
-    "epochs": int,
-    "dataset": str,
-    "benchmark": str,
-    "layers": dict,
+SIDECAR_SHAPE = {  # every key optional; others refused (see `validation` for the notation)
+    "framework": "str",
+    "framework_version": "str",
+    "flops_per_example": "num",
+    "flops_method": "str",
+    "flop_basis": "str",
+    "preset": "str",
+    "target_quality": "num",
+    "epochs": "int",
+    "dataset": "str",
+    "benchmark": "str",
+    "layers": dict.fromkeys(LAYER_IDS, "dict"),
 }
+_CHECK_SIDECAR = compile_shape(SIDECAR_SHAPE, closed=True, optional=True)
 
 
 def read_log(path: Path) -> tuple[list[dict], list[str]]:
@@ -83,12 +86,14 @@ def _well_formed(event) -> bool:
     return (
         isinstance(event, dict)
         and isinstance(event.get("key"), str)
-        and record_io.is_finite_number(event.get("time_ms"))
+        and is_finite_number(event.get("time_ms"))
         and isinstance(event.get("metadata", {}) or {}, dict)
     )
 
 
 def read_sidecar(path: str | None) -> dict:
+    """What a sidecar file (JSON, or TOML by its suffix) states: keys of SIDECAR_SHAPE only,
+    each of its type and in its range; {} without a file."""
     if path is None:
         return {}
     path = Path(path)
@@ -102,28 +107,29 @@ def read_sidecar(path: str | None) -> dict:
         data = record_io.parse_json(text, path, "sidecar")
     if not isinstance(data, dict):
         raise UserError(f"{path}: a sidecar must be an object of keys")
-    for key, value in data.items():
-        if key not in SIDECAR_KEYS:
-            raise UserError(f"{path}: unknown key '{key}' (known: {', '.join(SIDECAR_KEYS)})")
-        kind = SIDECAR_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise UserError(f"{path}: '{key}' has the wrong type ({value!r:.80})")
-        if isinstance(value, int | float) and not record_io.is_finite_number(value):
-            raise UserError(f"{path}: '{key}' must be a finite number, got {value!r}")
-    if not 0 < data.get("target_quality", 0.5) <= 1:
-        raise UserError(f"{path}: 'target_quality' must be in (0, 1]")
-    if not 0 < data.get("epochs", 1) <= 10_000:
-        raise UserError(f"{path}: 'epochs' must be in 1..10000")
-    if not 0 < data.get("flops_per_example", 1.0) < 1e18:
-        raise UserError(f"{path}: 'flops_per_example' must be in (0, 1e18)")
-    for layer in data.get("layers", {}):
-        if layer not in record_io.LAYER_KEYS:
-            raise UserError(f"{path}: 'layers.{layer}' is not a layer (L1-L9)")
+    _CHECK_SIDECAR(data, "", path)
+    for key, words, within in (
+        ("target_quality", "in (0, 1]", lambda value: 0 < value <= 1),
+        ("epochs", "in 1..10000", lambda value: 0 < value <= 10_000),
+        ("flops_per_example", "in (0, 1e18)", lambda value: 0 < value < 1e18),
+    ):
+        if key in data and not within(data[key]):
+            raise invalid(path, key, words, data[key])
     return data
 
 
 def _first(events: list[dict], key: str) -> dict | None:
     return next((e for e in events if e["key"] == key), None)
+
+
+def _value(events: list[dict], key: str):
+    """The value of the first event of `key`, or None."""
+    event = _first(events, key)
+    return None if event is None else event.get("value")
+
+
+def _seconds(event: dict) -> float:
+    return float(event["time_ms"]) / 1000
 
 
 def build_record(
@@ -132,6 +138,50 @@ def build_record(
     """The record of an MLPerf log (see the module's doc for what else it needs)."""
     path = Path(log_path)
     events, warnings = read_log(path)
+    _require(events, sidecar, path)
+    benchmark = config.load_benchmark(_benchmark_name(events, sidecar, benchmark_name, path))
+    timeline, curve, global_batch = _timeline_and_curve(events, path)
+    layers = _layers(events, sidecar, benchmark, global_batch, path)
+    status_value = (_first(events, "run_stop").get("metadata") or {}).get("status", "success")
+    status = "imported" if status_value == "success" else "stopped"
+    if status == "stopped":
+        warnings.append(f"the log's run_stop says '{status_value}'")
+    trained = max([e["epoch"] for e in timeline["epochs"]] + [p["epoch"] for p in curve], default=0)
+    record = record_builder.build_record(
+        benchmark,
+        preset=sidecar.get("preset", "imported"),
+        status=status,
+        tool=f"hpcai500-tf import-mlperf {__version__}",
+        framework=sidecar["framework"],
+        imported_from=str(path),
+        layers=layers,
+        config={"imported_from": str(path), "sidecar": sidecar},
+        timeline=timeline,
+        curve=curve,
+        metric=benchmark.quality_metric,
+        target=float(layers["L9"]["target_quality"]),
+        measured=True,
+        flops={
+            "per_example_training": float(sidecar["flops_per_example"]),
+            "per_example_forward": None,
+            "analytical_per_example_forward": None,
+            "method": sidecar.get("flops_method", "given by the submitter with the log"),
+            "basis": sidecar.get("flop_basis", "submitter"),
+            "counted_op_types": [],
+            "uncounted_op_types": [],
+        },
+        energy=record_io.energy_not_measured("an MLPerf training log carries no power readings"),
+        warnings=warnings,
+        artifacts={"mlperf_log": str(path)},
+        trained_epochs=trained,
+    )
+    record_io.validate(record, path)  # what the log says wrong is named by the log's path
+    return record, warnings
+
+
+def _require(events: list[dict], sidecar: dict, path: Path) -> None:
+    """The events every record needs, and what the log cannot say: the framework and the
+    FLOPs per example."""
     keys = {e["key"] for e in events}
     missing = [key for key in REQUIRED if key not in keys]
     if missing:
@@ -144,45 +194,34 @@ def build_record(
                 f"pass {what} or '{key}' in a sidecar"
             )
     flops_given = sidecar["flops_per_example"]
-    if not record_io.is_finite_number(flops_given) or not 0 < flops_given < 1e18:
+    if not is_finite_number(flops_given) or not 0 < flops_given < 1e18:
         raise UserError(f"flops per example must be in (0, 1e18), got {flops_given!r}")
+
+
+def _benchmark_name(events: list[dict], sidecar: dict, given: str | None, path: Path) -> str:
+    """The benchmark: --benchmark, else the sidecar's, else the log's submission_benchmark."""
+    name = given or sidecar.get("benchmark")
     submitted = _first(events, "submission_benchmark")
-    name = benchmark_name or sidecar.get("benchmark")
     if name is None and submitted is not None:
-        name = BENCHMARK_NAMES.get(str(submitted.get("value")), str(submitted.get("value")))
+        name = benchmark_from_mlperf(str(submitted.get("value")))
     if name is None:
         raise UserError(f"{path}: the log names no benchmark: give --benchmark")
-    benchmark = config.load_benchmark(name)
+    return name
 
-    def value(key):
-        event = _first(events, key)
-        return None if event is None else event.get("value")
 
-    def seconds(event):
-        return float(event["time_ms"]) / 1000
-
-    run_start = seconds(_first(events, "run_start"))
-    stop_event = _first(events, "run_stop")
-    run_stop = seconds(stop_event)
+def _timeline_and_curve(events: list[dict], path: Path) -> tuple[dict, list[dict], int]:
+    """The timed run, its epochs and its evaluations (examples are epochs x train_samples),
+    and the global batch."""
+    run_start = _seconds(_first(events, "run_start"))
+    run_stop = _seconds(_first(events, "run_stop"))
     if run_stop <= run_start:
         raise UserError(f"{path}: run_stop is not after run_start")
-    epoch_size, global_batch = value("train_samples"), value("global_batch_size")
+    epoch_size, global_batch = _value(events, "train_samples"), _value(events, "global_batch_size")
     for key, number in (("train_samples", epoch_size), ("global_batch_size", global_batch)):
         if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 1e12:
             raise UserError(
                 f"{path}: '{key}' must be a positive integer below 1e12, got {number!r:.80}"
             )
-
-    def epoch_of(event) -> float:
-        metadata = event.get("metadata") or {}
-        epoch = metadata.get("epoch_num", metadata.get("epoch_count"))
-        if not record_io.is_finite_number(epoch) or not 0 <= epoch <= 10_000:
-            raise UserError(
-                f"{path}: an '{event['key']}' line has no metadata.epoch_num in 0..10000 "
-                f"(got {epoch!r:.80})"
-            )
-        return epoch
-
     curve = []
     for event in (e for e in events if e["key"] == "eval_accuracy"):
         accuracy = event.get("value")
@@ -192,39 +231,59 @@ def build_record(
             or not 0 <= accuracy <= 1
         ):
             raise UserError(f"{path}: eval_accuracy {accuracy!r} is not a fraction in [0, 1]")
-        epoch = epoch_of(event)
+        epoch = _epoch_of(event, path)
         curve.append(
             {
                 "epoch": epoch,
-                "elapsed_s": seconds(event) - run_start,
+                "elapsed_s": _seconds(event) - run_start,
                 "examples": int(round(epoch * epoch_size)),
                 "value": float(accuracy),
             }
         )
     epochs = [
         {
-            "epoch": int(epoch_of(e)),
-            "elapsed_s": seconds(e) - run_start,
-            "examples": int(epoch_of(e)) * epoch_size,
+            "epoch": int(_epoch_of(e, path)),
+            "elapsed_s": _seconds(e) - run_start,
+            "examples": int(_epoch_of(e, path)) * epoch_size,
         }
         for e in events
         if e["key"] == "epoch_stop"
     ]
-    budget = sidecar.get("epochs", benchmark.epochs)
-    status_value = (stop_event.get("metadata") or {}).get("status", "success")
-    status = "imported" if status_value == "success" else "stopped"
-    if status == "stopped":
-        warnings.append(f"the log's run_stop says '{status_value}'")
-    flops = float(sidecar["flops_per_example"])
-    given = sidecar.get("layers", {})
+    init = _first(events, "init_start")
+    timeline = {
+        "init_start": _seconds(init) if init else run_start,
+        "run_start": run_start,
+        "run_stop": run_stop,
+        "segments": [{"start": run_start, "stop": run_stop}],
+        "epochs": epochs,
+    }
+    return timeline, curve, global_batch
+
+
+def _epoch_of(event: dict, path: Path) -> float:
+    metadata = event.get("metadata") or {}
+    epoch = metadata.get("epoch_num", metadata.get("epoch_count"))
+    if not is_finite_number(epoch) or not 0 <= epoch <= 10_000:
+        raise UserError(
+            f"{path}: an '{event['key']}' line has no metadata.epoch_num in 0..10000 "
+            f"(got {epoch!r:.80})"
+        )
+    return epoch
+
+
+def _layers(
+    events: list[dict], sidecar: dict, benchmark: Benchmark, global_batch: int, path: Path
+) -> dict:
+    """What the log suggests for each layer, replaced by any layer the sidecar states; the
+    problem (L9) carries the one target and the benchmark's metric."""
     problem = {
         "dataset": sidecar.get("dataset", benchmark.dataset),
         "quality_metric": benchmark.quality_metric,
         "target_quality": float(sidecar.get("target_quality", benchmark.target_quality)),
-        "epochs": budget,
+        "epochs": sidecar.get("epochs", benchmark.epochs),
     }
     layers = {
-        "L1": {"summary": value("submission_platform")},
+        "L1": {"summary": _value(events, "submission_platform")},
         "L2": {},
         "L3": {},
         "L4": {},
@@ -235,77 +294,17 @@ def build_record(
         "L6": {"parallelism": "data_parallel", "synchronous": True, "global_batch": global_batch},
         "L7": {},
         "L8": {
-            key: value(key)
-            for key in sorted(keys)
+            key: _value(events, key)
+            for key in sorted({e["key"] for e in events})
             if key.startswith(("opt_", "sgd_opt", "lars_opt", "lars_"))
             or key in ("seed", "label_smoothing")
         },
         "L9": problem,
     }
-    layers |= given  # the submitter's statement of a layer replaces what the log suggests
+    layers |= sidecar.get("layers", {})  # the submitter's statement replaces what the log says
     # One target: the problem's (L9), whichever way the sidecar gave it.
     target = layers["L9"].get("target_quality")
     if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
         raise UserError(f"{path}: the target quality must be a fraction in (0, 1], got {target!r}")
     layers["L9"] = {**layers["L9"], "quality_metric": benchmark.quality_metric}
-    quality = record_io.quality_result(curve, float(target), measured=True)
-    examples = quality["examples_to_quality"]
-    reasons = [
-        f"{key} is {layers['L9'][key]!r}, the benchmark's is {expected!r}"
-        for key, expected in benchmark.problem().items()
-        if layers["L9"].get(key) != expected
-    ]
-    trained = max([e["epoch"] for e in epochs] + [p["epoch"] for p in curve], default=0)
-    required = layers["L9"].get("epochs")
-    if isinstance(required, int | float) and trained < required:
-        reasons.append(
-            f"the log trained {trained:g} epochs, fewer than the problem's {required:g}: "
-            "scored at the end of the last required epoch, it has no such epoch"
-        )
-    init = _first(events, "init_start")
-    record = {
-        "schema_version": record_io.SCHEMA_VERSION,
-        "kind": record_io.KIND,
-        "benchmark": benchmark.name,
-        "preset": sidecar.get("preset", "imported"),
-        "level": "free",
-        "status": status,
-        "rankable": not reasons,
-        "not_rankable_reasons": reasons,
-        "source": {
-            "tool": f"hpcai500-tf import-mlperf {__version__}",
-            "tool_version": __version__,
-            "framework": sidecar["framework"],
-            "imported_from": str(path),
-        },
-        "layers": layers,
-        "config": {"imported_from": str(path), "sidecar": sidecar},
-        "timeline": {
-            "init_start": seconds(init) if init else run_start,
-            "run_start": run_start,
-            "run_stop": run_stop,
-            "segments": [{"start": run_start, "stop": run_stop}],
-            "epochs": epochs,
-        },
-        "quality": {
-            "metric": benchmark.quality_metric,
-            "target": float(target),
-            **quality,
-            "curve": curve,
-        },
-        "flops": {
-            "per_example_training": flops,
-            "per_example_forward": None,
-            "analytical_per_example_forward": None,
-            "method": sidecar.get("flops_method", "given by the submitter with the log"),
-            "basis": sidecar.get("flop_basis", "submitter"),
-            "counted_op_types": [],
-            "uncounted_op_types": [],
-            "total": None if examples is None else flops * examples,
-        },
-        "energy": record_io.energy_not_measured("an MLPerf training log carries no power readings"),
-        "warnings": warnings,
-        "artifacts": {"mlperf_log": str(path)},
-    }
-    record_io.validate(record, path)  # what the log says wrong is named by the log's path
-    return record, warnings
+    return layers

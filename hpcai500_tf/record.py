@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcai500_tf.config import LAYER_IDS
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 SCHEMA_VERSION = 2  # 2: SPEC section 3's end-of-run reading, first crossing kept; FLOP basis
 KIND = "hpcai500-record"
@@ -34,8 +35,8 @@ LAYER_KEYS = {
     "L9": "problem",
 }
 
-# Field specs: a type name, "?" suffix for nullable, a dict for a nested object, or a
-# one-element list for "list of". Unknown extra fields are allowed (forward-compatible).
+# The record's shape (see `validation` for the notation). Unknown extra keys are allowed
+# (forward-compatible: a newer tool may add fields an older one reads past).
 _CURVE_POINT = {"epoch": "num", "elapsed_s": "num", "examples": "int", "value": "num"}
 _SCHEMA: dict[str, Any] = {
     "schema_version": "int",
@@ -98,106 +99,28 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
-def is_finite_number(value: Any) -> bool:
-    """A JSON number that is finite (true and false are not numbers here)."""
-    return (type(value) is float and value - value == 0) or type(value) is int  # inf - inf: nan
-
-
 def reject_constant(name: str):
     """json.loads(parse_constant=...): NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 
-_TYPE_WORDS = {
-    "str": "a string",
-    "bool": "true or false",
-    "int": "an integer",
-    "num": "a finite number",
-    "dict": "an object",
-}
-
-
-def _leaf_test(kind: str):
-    """A fast test for one leaf type (exact JSON types: bool is not a number here)."""
-    if kind == "num":
-        return is_finite_number
-    exact = {"str": str, "bool": bool, "int": int, "dict": dict}[kind]
-    return lambda v: type(v) is exact
-
-
-def _name(where, key: str | None = None) -> str:
-    """A field's dotted name; `where` is a name or (a list's name, an index)."""
-    if isinstance(where, tuple):
-        where = f"{_name(where[0])}[{where[1]}]"
-    return where if key is None else f"{where}.{key}" if where else key
-
-
-def _compile(spec: Any):
-    """A checker for a field spec, built once: check(value, where, path) raises UserError
-    naming the field. Leaf names are formatted only when a check fails."""
-    if isinstance(spec, dict):
-        leaves, nested = [], []
-        for key, sub in spec.items():
-            if isinstance(sub, str):
-                kind = sub.rstrip("?")
-                leaves.append((key, kind, sub.endswith("?"), _leaf_test(kind)))
-            else:
-                nested.append((key, _compile(sub)))
-
-        def check_object(value, where, path):
-            if type(value) is not dict:
-                raise UserError(f"{path}: field '{_name(where)}' must be an object")
-            for key, kind, nullable, test in leaves:
-                if key not in value:
-                    raise UserError(f"{path}: missing field '{_name(where, key)}'")
-                item = value[key]
-                if not (test(item) or (nullable and item is None)):
-                    raise UserError(
-                        f"{path}: field '{_name(where, key)}' must be {_TYPE_WORDS[kind]}, "
-                        f"got {item!r}"
-                    )
-            for key, checker in nested:
-                name = _name(where, key)
-                if key not in value:
-                    raise UserError(f"{path}: missing field '{name}'")
-                checker(value[key], name, path)
-
-        return check_object
-    if isinstance(spec, list):
-        item_check = _compile(spec[0])
-
-        def check_list(value, where, path):
-            if type(value) is not list:
-                raise UserError(f"{path}: field '{_name(where)}' must be a list")
-            for index, item in enumerate(value):
-                item_check(item, (where, index), path)  # named only if it fails
-
-        return check_list
-    kind, nullable = spec.rstrip("?"), spec.endswith("?")
-    test = _leaf_test(kind)
-
-    def check_leaf(value, where, path):
-        if not (test(value) or (nullable and value is None)):
-            raise UserError(
-                f"{path}: field '{_name(where)}' must be {_TYPE_WORDS[kind]}, got {value!r}"
-            )
-
-    return check_leaf
-
-
-def _check(value: Any, spec: Any, where: str, path: Path) -> None:
-    _compile(spec)(value, where, path)
-
-
-_CHECK_RECORD = _compile(_SCHEMA)
+_CHECK_RECORD = compile_shape(_SCHEMA)
+_CHECK_CURVE_POINT = compile_shape(_CURVE_POINT)
 
 
 def _check_values(record: dict, path: Path) -> None:
-    def bad(field: str, expected: str, got: Any) -> UserError:
-        return UserError(f"{path}: field '{field}' must be {expected}, got {got!r}")
-
+    """What the schema's types cannot say: ranges, and fields that must agree."""
     if record["status"] not in STATUSES:
-        raise bad("status", f"one of {', '.join(STATUSES)}", record["status"])
+        raise invalid(path, "status", f"one of {', '.join(STATUSES)}", record["status"])
+    needs_result = _check_quality(record, path)
+    _check_timeline(record, needs_result, path)
+    _check_flops(record, path)
+    _check_energy(record["energy"], path)
+
+
+def _check_quality(record: dict, path: Path) -> bool:
+    """The quality block against itself and the problem (L9); returns whether the record
+    must carry a scored result."""
     quality = record["quality"]
     # A completed run that measured quality must carry its result; a diverged or stopped run,
     # or a throughput-only run, may leave it out (and cannot be scored).
@@ -205,109 +128,145 @@ def _check_values(record: dict, path: Path) -> None:
     result_fields = ("achieved", "final", "time_to_quality_s", "examples_to_quality")
     for key in result_fields:
         if needs_result and quality[key] is None:
-            raise bad(f"quality.{key}", "set for a completed run that measured quality", None)
+            raise invalid(
+                path, f"quality.{key}", "set for a completed run that measured quality", None
+            )
     for key in ("target", "achieved", "final"):
         if quality[key] is not None and not 0 < quality[key] <= 1:
-            raise bad(f"quality.{key}", "in (0, 1]", quality[key])
-    problem = record["layers"]["L9"]
-    if problem.get("target_quality") != quality["target"]:
-        raise bad(
-            "quality.target",
-            f"the problem's target (layers.L9.target_quality = {problem.get('target_quality')!r})",
-            quality["target"],
-        )
-    if problem.get("quality_metric") != quality["metric"]:
-        raise bad(
-            "quality.metric",
-            f"the problem's metric (layers.L9.quality_metric = {problem.get('quality_metric')!r})",
-            quality["metric"],
-        )
+            raise invalid(path, f"quality.{key}", "in (0, 1]", quality[key])
+    _check_problem(quality, record["layers"]["L9"], path)
     if quality["achieved"] is not None and quality["reached_target"] != (
         quality["achieved"] >= quality["target"]
     ):
-        raise bad(
+        raise invalid(
+            path,
             "quality.reached_target",
             "whether quality.achieved is at or above quality.target",
             quality["reached_target"],
         )
     crossing = quality["first_crossing"]
     if crossing is not None:
-        _check(crossing, _CURVE_POINT, "quality.first_crossing", path)
+        _CHECK_CURVE_POINT(crossing, "quality.first_crossing", path)
         if crossing["value"] < quality["target"]:
-            raise bad("quality.first_crossing.value", "at or above quality.target", crossing)
-    _check_ordered(quality["curve"], "quality.curve", bad)
+            raise invalid(
+                path, "quality.first_crossing.value", "at or above quality.target", crossing
+            )
+    _check_ordered(quality["curve"], "quality.curve", path)
     for index, point in enumerate(quality["curve"]):
         if not 0 <= point["value"] <= 1:
-            raise bad(f"quality.curve[{index}].value", "in [0, 1]", point["value"])
+            raise invalid(path, f"quality.curve[{index}].value", "in [0, 1]", point["value"])
     if quality["time_to_quality_s"] is not None and quality["time_to_quality_s"] <= 0:
-        raise bad("quality.time_to_quality_s", "> 0 seconds", quality["time_to_quality_s"])
+        raise invalid(
+            path, "quality.time_to_quality_s", "> 0 seconds", quality["time_to_quality_s"]
+        )
     if quality["examples_to_quality"] is not None and quality["examples_to_quality"] <= 0:
-        raise bad("quality.examples_to_quality", "> 0", quality["examples_to_quality"])
+        raise invalid(path, "quality.examples_to_quality", "> 0", quality["examples_to_quality"])
     if needs_result:
-        if not quality["curve"]:
-            raise bad("quality.curve", "at least one evaluation for a scored run", [])
-        end = quality["curve"][-1]
-        for key, point_key in (
-            ("achieved", "value"),
-            ("time_to_quality_s", "elapsed_s"),
-            ("examples_to_quality", "examples"),
-        ):
-            if quality[key] != end[point_key]:
-                raise bad(
-                    f"quality.{key}",
-                    f"the last evaluation's {point_key} ({end[point_key]!r}: the score's reading)",
-                    quality[key],
-                )
+        _check_reading(quality, path)
+    return needs_result
+
+
+def _check_problem(quality: dict, problem: dict, path: Path) -> None:
+    """One target and one metric: the problem's (layers.L9)."""
+    for problem_key, key in (("target_quality", "target"), ("quality_metric", "metric")):
+        if problem.get(problem_key) != quality[key]:
+            stated = f"layers.L9.{problem_key} = {problem.get(problem_key)!r}"
+            raise invalid(path, f"quality.{key}", f"the problem's {key} ({stated})", quality[key])
+
+
+def _check_reading(quality: dict, path: Path) -> None:
+    """A scored result is the reading of the last evaluation (SPEC section 3)."""
+    if not quality["curve"]:
+        raise invalid(path, "quality.curve", "at least one evaluation for a scored run", [])
+    end = quality["curve"][-1]
+    for key, point_key in (
+        ("achieved", "value"),
+        ("time_to_quality_s", "elapsed_s"),
+        ("examples_to_quality", "examples"),
+    ):
+        if quality[key] != end[point_key]:
+            raise invalid(
+                path,
+                f"quality.{key}",
+                f"the last evaluation's {point_key} ({end[point_key]!r}: the score's reading)",
+                quality[key],
+            )
+
+
+def _check_timeline(record: dict, needs_result: bool, path: Path) -> None:
+    """Segments in order, epochs never going backwards, the result within the timed run."""
     timeline = record["timeline"]
     if timeline["run_stop"] <= timeline["run_start"]:
-        raise bad("timeline.run_stop", "after timeline.run_start", timeline["run_stop"])
+        raise invalid(path, "timeline.run_stop", "after timeline.run_start", timeline["run_stop"])
     for index, segment in enumerate(timeline["segments"]):
         if segment["stop"] <= segment["start"]:
-            raise bad(f"timeline.segments[{index}].stop", "after its start", segment["stop"])
+            raise invalid(
+                path, f"timeline.segments[{index}].stop", "after its start", segment["stop"]
+            )
     if needs_result and not timeline["segments"]:
-        raise bad("timeline.segments", "at least one timed segment for a scored run", [])
-    _check_ordered(timeline["epochs"], "timeline.epochs", bad)
+        raise invalid(path, "timeline.segments", "at least one timed segment for a scored run", [])
+    _check_ordered(timeline["epochs"], "timeline.epochs", path)
     for index, epoch in enumerate(timeline["epochs"]):
         seconds = epoch.get("seconds", 0.0)
         if not is_finite_number(seconds) or seconds < 0:
-            raise bad(f"timeline.epochs[{index}].seconds", "a finite number >= 0", seconds)
+            raise invalid(
+                path, f"timeline.epochs[{index}].seconds", "a finite number >= 0", seconds
+            )
     run_s = sum(s["stop"] - s["start"] for s in timeline["segments"])
-    ttq = quality["time_to_quality_s"]
+    ttq = record["quality"]["time_to_quality_s"]
     if ttq is not None and timeline["segments"] and ttq > run_s * (1 + 1e-9) + 1e-6:
-        raise bad("quality.time_to_quality_s", f"within the run's {run_s:.6g} timed seconds", ttq)
+        raise invalid(
+            path, "quality.time_to_quality_s", f"within the run's {run_s:.6g} timed seconds", ttq
+        )
+
+
+def _check_flops(record: dict, path: Path) -> None:
+    """A known basis, a positive count, and the total the count and the examples give."""
     flops = record["flops"]
     if flops["basis"] not in FLOP_BASES:
-        raise bad("flops.basis", f"one of {', '.join(FLOP_BASES)}", flops["basis"])
+        raise invalid(path, "flops.basis", f"one of {', '.join(FLOP_BASES)}", flops["basis"])
     if flops["per_example_training"] <= 0:
-        raise bad("flops.per_example_training", "> 0", flops["per_example_training"])
-    examples = quality["examples_to_quality"]
+        raise invalid(path, "flops.per_example_training", "> 0", flops["per_example_training"])
+    examples = record["quality"]["examples_to_quality"]
     expected_total = None if examples is None else flops["per_example_training"] * examples
     if expected_total is None and flops["total"] is not None:
-        raise bad("flops.total", "null when quality.examples_to_quality is null", flops["total"])
+        raise invalid(
+            path, "flops.total", "null when quality.examples_to_quality is null", flops["total"]
+        )
     if expected_total is not None and (
         flops["total"] is None or not math.isclose(flops["total"], expected_total, rel_tol=1e-6)
     ):
-        raise bad(
+        raise invalid(
+            path,
             "flops.total",
             f"flops.per_example_training x quality.examples_to_quality = {expected_total:.6g}",
             flops["total"],
         )
-    energy = record["energy"]
+
+
+def _check_energy(energy: dict, path: Path) -> None:
+    """Measured energy is positive and scoped; energy not measured says why."""
     if energy["measured"]:
         for key in ("joules", "interval_s", "average_watts", "coverage"):
             if energy[key] is None or energy[key] <= 0:
-                raise bad(f"energy.{key}", "> 0 when energy.measured is true", energy[key])
+                raise invalid(
+                    path, f"energy.{key}", "> 0 when energy.measured is true", energy[key]
+                )
         if energy["coverage"] > 1 + 1e-9:
-            raise bad("energy.coverage", "a fraction of the run in (0, 1]", energy["coverage"])
+            raise invalid(
+                path, "energy.coverage", "a fraction of the run in (0, 1]", energy["coverage"]
+            )
         if not energy["scope"]:
-            raise bad("energy.scope", "set when energy.measured is true", energy["scope"])
+            raise invalid(path, "energy.scope", "set when energy.measured is true", energy["scope"])
     elif not energy["reason"]:
-        raise bad("energy.reason", "a reason when energy.measured is false", energy["reason"])
+        raise invalid(
+            path, "energy.reason", "a reason when energy.measured is false", energy["reason"]
+        )
     if energy["sample_hz"] is not None and energy["sample_hz"] <= 0:
-        raise bad("energy.sample_hz", "> 0 or null", energy["sample_hz"])
+        raise invalid(path, "energy.sample_hz", "> 0 or null", energy["sample_hz"])
 
 
-def _check_ordered(points: list[dict], where: str, bad) -> None:
+def _check_ordered(points: list[dict], where: str, path: Path) -> None:
     """Epochs, elapsed times and example counts never go backwards, and are not negative."""
     epoch = elapsed = examples = 0
     for index, point in enumerate(points):
@@ -315,7 +274,7 @@ def _check_ordered(points: list[dict], where: str, bad) -> None:
             for key, floor in (("epoch", epoch), ("elapsed_s", elapsed), ("examples", examples)):
                 if point[key] < floor:
                     expected = ">= 0" if index == 0 else f">= the previous entry's ({floor})"
-                    raise bad(f"{where}[{index}].{key}", expected, point[key])
+                    raise invalid(path, f"{where}[{index}].{key}", expected, point[key])
         epoch, elapsed, examples = point["epoch"], point["elapsed_s"], point["examples"]
 
 
@@ -325,7 +284,7 @@ def validate(record: Any, path: Path | str = "<record>") -> dict:
     if not isinstance(record, dict):
         raise UserError(f"{path}: a record must be a JSON object")
     if record.get("kind") != KIND:
-        raise UserError(f"{path}: not an hpcai500 record (field 'kind' must be '{KIND}')")
+        raise UserError(f"{path}: not an hpcai500 record ('kind' must be '{KIND}')")
     version = record.get("schema_version")
     if version == 1:
         record = migrate_from_v1(record, path)
@@ -459,16 +418,21 @@ READING = (
 )
 
 
-def energy_not_measured(reason: str) -> dict:
-    """The energy block of a record whose source has no power readings at all."""
+def energy_not_measured(
+    reason: str, *, interval_s: float | None = None, sources: list[dict] = (), **context
+) -> dict:
+    """The energy block of a record whose energy was not measured, and why: a source with no
+    power readings at all (an imported log), or a run whose sources gave none in scope.
+    `sources` are the measurements that were taken (none usable); `context` adds what the
+    sampler records beside them (the requested rate, its notes)."""
     return {
+        "interval_s": interval_s,
+        **context,
+        "sources": list(sources),
         "measured": False,
         "reason": reason,
-        **dict.fromkeys(
-            ("joules", "interval_s", "scope", "average_watts", "coverage", "sample_hz")
-        ),
+        **dict.fromkeys(("joules", "scope", "average_watts", "coverage", "sample_hz")),
         **{key: [] for key in ("parts_measured", "parts_not_measured", "quality_flags")},
-        "sources": [],
     }
 
 

@@ -11,6 +11,7 @@ when nothing was measured.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -78,6 +79,11 @@ def score(
     seconds = quality["time_to_quality_s"]
     if rule.flops_per_example is None:
         total, basis = record["flops"]["total"], record["flops"]["basis"]
+        kernels = record["layers"]["L7"].get("kernels")
+        if basis == "tensorflow-profiler" and kernels:
+            # The profiler counts the ops that ran: the CPU workarounds' fused batch norm has
+            # no count, stock Keras batch norm's ops do (a few % of the step).
+            basis = f"{basis} ({kernels} kernels)"
     else:
         total = rule.flops_per_example * quality["examples_to_quality"]
         basis = rule.flop_basis
@@ -309,3 +315,54 @@ def ranking_to_json(ranking: Ranking) -> dict:
         ],
         "refused": [{"record": p, "reasons": r} for p, r in ranking.refused],
     }
+
+
+PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "examples" / "published_2020"
+
+
+def published_records() -> list[tuple[str, dict]]:
+    """The nine entries of the July 2020 image-classification ranking, as records."""
+    from hpcai500_tf import record as record_io
+
+    paths = sorted(PUBLISHED_DIR.glob("*.json"))
+    if not paths:
+        raise UserError(
+            f"{PUBLISHED_DIR}: the published records ship with a clone of the repository "
+            "(examples/published_2020/); this install has none"
+        )
+    return [(str(path), record_io.load(path)) for path in paths]
+
+
+def rank_records(
+    records: list[tuple[str, dict]],
+    benchmark_name: str | None,
+    level_name: str,
+    cap: bool = False,
+    convention: str = "stated",
+    max_cv: float | None = None,
+    with_published: bool = False,
+) -> list[Ranking]:
+    """What `hpcai500-tf rank` shows: the records' ranking under `convention`; beside the
+    published 2020 ranking, also under that ranking's own convention."""
+    from hpcai500_tf import config
+
+    if with_published:
+        records = [*records, *published_records()]
+    if benchmark_name is None:
+        names = sorted({rec["benchmark"] for _, rec in records})
+        if len(names) > 1:
+            raise UserError(
+                f"records of several benchmarks ({', '.join(names)}): choose one with --benchmark"
+            )
+        benchmark_name = names[0]
+    benchmark = config.load_benchmark(benchmark_name)
+    level = config.load_level(level_name)
+    _, repeatability = config.load_levels()
+    if max_cv is not None:
+        if not 0 < max_cv <= 1:
+            raise UserError(f"--max-cv must be in (0, 1], got {max_cv}")
+        repeatability = dataclasses.replace(repeatability, max_cv=max_cv)
+    conventions = [convention]
+    if with_published and convention == "stated" and "published-2020" in benchmark.conventions:
+        conventions.append("published-2020")  # the ranking's own reading beside the stated one
+    return [rank(records, benchmark, level, repeatability, cap, name) for name in conventions]

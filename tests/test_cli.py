@@ -29,3 +29,21 @@ def test_unknown_command_exits_non_zero():
         [sys.executable, "-m", "hpcai500_tf.cli", "fly"], capture_output=True, text=True
     )
     assert result.returncode != 0 and "invalid choice" in result.stderr
+
+
+def test_sysinfo_names_the_layers_in_words(capsys):
+    assert main(["sysinfo"]) == 0
+    out = capsys.readouterr().out
+    for words in ("L1 hardware", "L2 operating system", "L4 accelerator libraries", "L5 framework"):
+        assert words in out
+
+
+def test_an_install_without_tensorflow_is_told_which_extra_to_install(monkeypatch, capsys):
+    from hpcai500_tf import tensorflow_import
+
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    monkeypatch.setattr(tensorflow_import.importlib.util, "find_spec", lambda name: None)
+    assert main(["flops", "image_classification", "--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "TensorFlow is not installed" in err and "'.[cpu]'" in err and "'.[cuda]'" in err

@@ -31,7 +31,10 @@ def test_unknown_names():
         ("[benchmark\n", "not valid TOML"),
         ("[benchmark]\nname = 'x'\n", "missing key 'benchmark.target_quality'"),
         ("[benchmark]\ntarget_quality = 2.0\n", "target_quality' must be in \\(0, 1\\]"),
-        ("[benchmark]\ntarget_quality = 'high'\n", "target_quality' must be int or float"),
+        (
+            "[benchmark]\ntarget_quality = 'high'\n",
+            "'benchmark.target_quality' must be a number, got 'high'",
+        ),
     ],
 )
 def test_malformed_benchmark_file(tmp_path, text, message):

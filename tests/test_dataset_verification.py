@@ -11,8 +11,8 @@ import tensorflow as tf
 from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.data import extreme_weather as ew
 from hpcai500_tf.data import imagenet, listing, tfrecords
-from hpcai500_tf.engine.run_record import _not_rankable
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.record_builder import not_rankable_reasons
 from hpcai500_tf.workloads.extreme_weather import ExtremeWeather
 from hpcai500_tf.workloads.image_classification import ImageClassification
 
@@ -22,6 +22,11 @@ from .test_data import imagenet_dir  # noqa: F401  (fixture)
 @pytest.fixture(autouse=True)
 def _user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCAI500_CACHE", str(tmp_path / "user-cache"))
+
+
+def _reasons(setup, workload, l9) -> list[str]:
+    """Why a run of `workload` with problem `l9` is not rankable, as its record says."""
+    return not_rankable_reasons(setup.benchmark, l9, measured=workload.measures_quality)
 
 
 def _example(label: int, size: int = 40) -> bytes:
@@ -189,7 +194,7 @@ def test_a_subset_is_not_called_imagenet_1k_and_is_not_rankable(shards):
         "allowed_max": 3,
         "outside": 0,
     }
-    reasons = _not_rankable(setup, workload, l9)
+    reasons = _reasons(setup, workload, l9)
     assert "data: the train split holds 12 records, ImageNet-1k's 1,281,167" in reasons
     assert "data: the validation split holds 4 records, ImageNet-1k's 50,000" in reasons
     assert any("num_classes 3 with label_offset 1" in r for r in reasons)
@@ -202,7 +207,7 @@ def test_out_of_range_labels_make_the_run_not_rankable(shards):
     check = l9["label_check"]
     assert (check["allowed_min"], check["allowed_max"], check["max"]) == (0, 2, 3)
     assert check["outside"] == 4  # label 3: 1 + 2 times in the train sample, 1 in validation
-    reasons = _not_rankable(setup, workload, l9)
+    reasons = _reasons(setup, workload, l9)
     assert f"data: 4 of {check['records']} sampled labels lie outside 0-2" in " ".join(reasons)
 
 
@@ -225,7 +230,7 @@ def test_imagenet_1k_split_sizes_and_reference_classes_are_rankable(shards, monk
     workload = ImageClassification(setup.config, str(shards))
     l9 = _l9(setup, workload)
     assert l9["dataset"] == "imagenet-1k" and l9["data_differences"] == []
-    assert _not_rankable(setup, workload, l9) == []
+    assert _reasons(setup, workload, l9) == []
 
 
 # ------------------------------------------------------------------------ ExtremeWeather L9
@@ -251,7 +256,7 @@ def test_extreme_weather_l9_records_what_the_files_hold(tmp_path):
     assert (l9["train_examples"], l9["eval_examples"]) == (3, 2)
     assert (l9["image_shape"], l9["channels"]) == ([32, 48], 16)
     assert l9["data_fingerprint"]["train"] == listing.fingerprint([data / "climo_1979.h5"])
-    reasons = _not_rankable(setup, workload, l9)
+    reasons = _reasons(setup, workload, l9)
     assert any(r.startswith("data: train_years 1979 differ from the reference's") for r in reasons)
     assert "data: images are 32x48, the published data 768x1152" in reasons
     assert "data: data.downsample 2, the reference's 1" in reasons
@@ -267,7 +272,7 @@ def test_extreme_weather_reference_files_are_named_extremeweather(tmp_path, monk
     workload = ExtremeWeather(setup.config, str(data))
     l9 = _l9(setup, workload)
     assert l9["dataset"] == "extremeweather" and l9["data_differences"] == []
-    assert _not_rankable(setup, workload, l9) == []
+    assert _reasons(setup, workload, l9) == []
 
 
 def test_synthetic_extreme_weather_says_what_it_is():

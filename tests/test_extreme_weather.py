@@ -292,6 +292,7 @@ def test_tiny_preset_trains_and_records(tiny_run):
     assert rec["benchmark"] == "extreme_weather" and rec["quality"]["metric"] == "map_iou50"
     assert rec["layers"]["L7"]["model"] == "faster_rcnn_resnet50_v1.5"
     assert rec["layers"]["L7"]["image_size"] == [32, 48]  # 64 x 96 downsampled by 2
+    assert rec["layers"]["L7"]["kernels"] == "cpu-workarounds"  # auto, on this CPU-only machine
     assert rec["layers"]["L9"]["dataset"] == "synthetic-extremeweather"
     assert len(rec["quality"]["curve"]) == 2
     flops = rec["flops"]

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from hpcai500_tf import config, launch, record, scaling
-from hpcai500_tf.cli import _worker_args, build_parser, main
+from hpcai500_tf.cli import build_parser, main
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.launch import worker_args
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
 RANDOM_TINY = ["--set", "data.source=random", "--set", "training.epochs=3"]
@@ -202,7 +203,7 @@ def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path, capsys):
 
         threading.Thread(target=watch, daemon=True).start()
 
-    code = launch.launch(setup, _worker_args(args), 2, args.out, None, kill_worker_1_once_training)
+    code = launch.launch(setup, worker_args(args), 2, args.out, None, kill_worker_1_once_training)
     ended = time.monotonic()
     assert code == 1 and killed_at, "worker 1 was never killed"
     assert ended - killed_at[0] < 20 + launch.TERM_GRACE_S + 5
@@ -213,19 +214,7 @@ def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path, capsys):
     stopped = record.load(run_dir / "record.json") if (run_dir / "record.json").exists() else None
     assert stopped is None or stopped["status"] == "stopped"  # never a claimed success
 
-    resumed = _hpcai500(
-        [
-            "train",
-            "image_classification",
-            "--preset",
-            "tiny",
-            *argv[4:12],
-            "--workers",
-            "2",
-            "--resume",
-            str(run_dir),
-        ]
-    )
+    resumed = _hpcai500(["train", "--workers", "2", "--resume", str(run_dir)])  # its own config
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     done = record.load(run_dir / "record.json")
     assert done["status"] == "completed" and len(done["timeline"]["epochs"]) == 4

@@ -60,6 +60,10 @@ def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
     (torch_path,) = (out / "pytorch").glob("*/record.json")
     tf_record, torch_record = record.load(tf_path), record.load(torch_path)
     assert torch_record["source"]["framework"] == "pytorch"
+    # The demo runs TensorFlow on stock layers, as PyTorch runs on its own.
+    assert (
+        tf_record["layers"]["L7"]["kernels"] == torch_record["layers"]["L7"]["kernels"] == "stock"
+    )
     assert torch_record["layers"]["L5"]["framework_build"].startswith("torch ")
     assert (torch_path.parent / "mlperf.log").read_text().count(":::MLLOG") > 20
     comparison = json.loads((out / "comparison.json").read_text())
@@ -78,7 +82,9 @@ def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
         e["examples"] for e in torch_record["timeline"]["epochs"]
     ]
     # The two counters agree exactly on convolutions and matrix products (forward and both
-    # gradients); TensorFlow also counts the elementwise ops of weight decay and the update.
+    # gradients); TensorFlow also counts the elementwise ops of weight decay, the update and,
+    # on the stock layers the demo runs, Keras' batch norm (4.5 % of the tiny preset's count;
+    # TensorFlow's fused batch-norm kernel has no count).
     tf_ops, torch_ops = (
         rec["flops"]["by_op_type_per_example"] for rec in (tf_record, torch_record)
     )
@@ -88,7 +94,7 @@ def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
     ratio = (
         torch_record["flops"]["per_example_training"] / tf_record["flops"]["per_example_training"]
     )
-    assert 0.95 < ratio <= 1.0
+    assert 0.9 < ratio <= 1.0
     assert (
         torch_record["flops"]["analytical_per_example_forward"]
         == tf_record["flops"]["analytical_per_example_forward"]
@@ -113,6 +119,35 @@ def test_the_runner_process_refuses_tensorflow(torch_installed, tmp_path):
         timeout=120,
     )
     assert result.returncode != 0 and "import of tensorflow halted" in result.stderr
+
+
+SHARED_WITHOUT_TENSORFLOW = (
+    "hpcai500_tf.engine.run_record",
+    "hpcai500_tf.record_builder",
+    "hpcai500_tf.record",
+    "hpcai500_tf.validation",
+    "hpcai500_tf.energy.integrate",
+    "hpcai500_tf.energy.meter_log",
+    "hpcai500_tf.energy.sampler",
+    "hpcai500_tf.energy.sources",
+    "hpcai500_tf.engine.mllog",
+)
+
+
+def test_the_modules_the_runner_shares_never_import_tensorflow():
+    """What the PyTorch runner imports of this package loads no TensorFlow, directly or
+    through another module (with or without torch installed)."""
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {SHARED_WITHOUT_TENSORFLOW!r}:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow')\n"
+        "assert 'tensorflow' not in sys.modules, loaded\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_pytorch_runner_reads_the_imagenet_tfrecord_shards(
@@ -163,7 +198,7 @@ def test_feeder_streams_interleave_and_match_the_pipeline():
     training stream again: each gets its own batches, in the pipeline's order."""
     import keras
 
-    from hpcai500_tf import config
+    from hpcai500_tf import benchmark_layers, config
     from hpcai500_tf.workloads import build_workload
 
     setup = config.prepare("image_classification", "tiny", ["training.batch_per_replica=16"])
@@ -174,6 +209,12 @@ def test_feeder_streams_interleave_and_match_the_pipeline():
     try:
         assert feeder.workload.eval_examples == workload.eval_examples
         assert feeder.workload.layer == workload.workload_layer()
+        # L7 names PyTorch's own layers, whatever TensorFlow's "auto" resolves to here.
+        l7 = benchmark_layers.run_layers(
+            setup, feeder.workload, workers=1, replicas=1, global_batch=16,
+            precision="float32", intra_op_threads=1,
+        )["L7"]  # fmt: skip
+        assert l7["kernels"] == "stock"
         train = feeder.batches(True, 3)
         first = [next(train)[1].copy() for _ in range(2)]
         got = [(i.copy(), la.copy(), n) for i, la, n in feeder.batches(False, 7)]

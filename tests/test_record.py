@@ -50,8 +50,8 @@ def _break(rec, dotted, value):
     [
         ("schema_version", 99, "schema_version 99 is not supported"),
         ("kind", "something-else", "not an hpcai500 record"),
-        ("quality", KeyError, "missing field 'quality'"),
-        ("flops.method", KeyError, "missing field 'flops.method'"),
+        ("quality", KeyError, "missing key 'quality'"),
+        ("flops.method", KeyError, "missing key 'flops.method'"),
         ("quality.achieved", 1.2, "'quality.achieved' must be in \\(0, 1\\]"),
         ("quality.achieved", 0, "'quality.achieved' must be in \\(0, 1\\]"),
         ("quality.achieved", "high", "'quality.achieved' must be a finite number"),
@@ -61,7 +61,7 @@ def _break(rec, dotted, value):
         ("status", "won", "'status' must be one of"),
         ("flops.total", 1.0, "'flops.total' must be flops.per_example_training x"),
         ("energy.reason", None, "'energy.reason' must be a reason"),
-        ("layers.L3", KeyError, "missing field 'layers.L3'"),
+        ("layers.L3", KeyError, "missing key 'layers.L3'"),
     ],
 )
 def test_bad_records_name_the_field(tmp_path, published_record, capsys, field, value, message):

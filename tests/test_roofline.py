@@ -8,14 +8,14 @@ import tensorflow as tf
 from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine.run import build_engine
-from hpcai500_tf.roofline import kernels, peaks, workload
+from hpcai500_tf.roofline import peaks, timed_ops, workload
 from hpcai500_tf.roofline.sweep import QUICK, resnet50_conv_shapes
 
 
 def test_chained_gemm_stays_below_the_machine_peak():
     """Unchained, identical matmuls are merged and report several times the peak."""
-    rate, timing, layout = kernels.gemm(256, "fp32", min_seconds=0.02)
-    assert layout in kernels.GEMM_LAYOUTS
+    rate, timing, layout = timed_ops.gemm(256, "fp32", min_seconds=0.02)
+    assert layout in timed_ops.GEMM_LAYOUTS
     peak, _ = peaks.theoretical_peak("fp32", benchmark_layers.hardware_layer())
     assert timing.repetitions >= 1 and rate > 0
     if peak:  # the reported clock may sit below the turbo clock: allow 2x, not 5x
@@ -23,22 +23,22 @@ def test_chained_gemm_stays_below_the_machine_peak():
 
 
 def test_conv_passes_and_stream_measure_something():
-    shape = kernels.ConvShape("c", 2, 8, 12, 8, 8, 3, 2)
+    shape = timed_ops.ConvShape("c", 2, 8, 12, 8, 8, 3, 2)
     assert (shape.out_height, shape.out_width) == (4, 6)
     assert shape.flops() == 2 * 2 * 24 * 9 * 8 * 8 and shape.pixels == "8x12px"
     for direction in ("forward", "backward_input", "backward_filter"):
-        rate, _ = kernels.conv(shape, "fp32", direction, min_seconds=0.01)
+        rate, _ = timed_ops.conv(shape, "fp32", direction, min_seconds=0.01)
         assert rate > 0
-    bandwidth, _ = kernels.stream("triad", 1 << 16, "fp32", min_seconds=0.01)
+    bandwidth, _ = timed_ops.stream("triad", 1 << 16, "fp32", min_seconds=0.01)
     assert bandwidth > 0
     with pytest.raises(ValueError):
-        kernels.conv(shape, "fp32", "sideways", 0.01)
+        timed_ops.conv(shape, "fp32", "sideways", 0.01)
 
 
 def test_unsupported_dtypes_are_named():
     if not tf.config.list_physical_devices("GPU"):
-        assert "NVIDIA" in kernels.dtype_supported("tf32")
-    assert kernels.dtype_supported("fp32") is None
+        assert "NVIDIA" in timed_ops.dtype_supported("tf32")
+    assert timed_ops.dtype_supported("fp32") is None
 
 
 def test_theoretical_peaks():
@@ -55,7 +55,7 @@ def test_theoretical_peaks():
 def test_resnet50_shapes_and_step_traffic():
     shapes = resnet50_conv_shapes(QUICK)
     assert [(s.height, s.cin) for s in shapes] == [(56, 64), (28, 128), (14, 256), (7, 512)]
-    one = kernels.ConvShape("c", 1, 4, 4, 2, 3, 1, 1)
+    one = timed_ops.ConvShape("c", 1, 4, 4, 2, 3, 1, 1)
     # input 16x2, weights 2x3, output 16x3 elements; three passes of 4-byte values
     assert workload.step_traffic_bytes([(one, 2)], 4) == 2 * 3 * (32 + 6 + 48) * 4
 

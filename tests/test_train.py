@@ -138,21 +138,7 @@ def test_resume_continues_without_double_counting(tmp_path):
     stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3))
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
     run_dir = path.parent
-    assert (
-        main(
-            [
-                "train",
-                "image_classification",
-                "--preset",
-                "tiny",
-                "--set",
-                "training.epochs=3",
-                "--resume",
-                str(run_dir),
-            ]
-        )
-        == 0
-    )
+    assert main(["train", "--resume", str(run_dir)]) == 0  # the saved config, alone
     done = record.load(run_dir / "record.json")
     assert done["status"] == "completed"
     assert [e["epoch"] for e in done["timeline"]["epochs"]] == [1, 2, 3]
@@ -282,14 +268,14 @@ def test_imagenet_tfrecords_train_end_to_end(tmp_path, imagenet_dir):  # noqa: F
     ("args", "message"),
     [
         (["--preset", "huge"], "unknown preset 'huge'"),
-        (["--set", "training.epochs=0"], "epochs must be in [1, 10,000], got 0"),
+        (["--set", "training.epochs=0"], "'training.epochs' must be in [1, 10,000], got 0"),
         (["--set", "training.nonsense=1"], "unknown key 'training.nonsense'"),
-        (["--set", "optimizer.momentum=1.5"], "momentum must be in [0, 1)"),
+        (["--set", "optimizer.momentum=1.5"], "'optimizer.momentum' must be in [0, 1)"),
         (
             ["--set", "training.xla=true", "--set", "training.deterministic=true"],
             "deterministic and xla cannot be combined",
         ),
-        (["--set", "data.image_size=small"], "'data.image_size' must be int"),
+        (["--set", "data.image_size=small"], "'data.image_size' must be an integer"),
         (["--set", "training.batch_per_replica=100000"], "make no full batch"),
         (["--preset", "reference"], "pass --data DIR"),
         (["--preset", "reference", "--data", "/nonexistent"], "data directory not found"),
@@ -313,6 +299,20 @@ def test_flops_command(capsys):
     assert report["per_example_forward"] == pytest.approx(
         report["analytical_per_example_forward"], rel=0.05
     )
+
+
+def test_flops_reads_no_data(tmp_path, capsys):
+    """A config that trains on ImageNet (here a user's file over the tiny preset) is counted
+    without --data, and alike."""
+    assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
+    procedural = json.loads(capsys.readouterr().out)
+    mine = tmp_path / "mine.toml"
+    mine.write_text(
+        'benchmark = "image_classification"\ninherits = "tiny"\n[data]\nsource = "imagenet"\n'
+    )
+    assert main(["flops", "--config", str(mine), "--json"]) == 0
+    imagenet = json.loads(capsys.readouterr().out)
+    assert imagenet["per_example_training"] == procedural["per_example_training"]
 
 
 def test_mirrored_strategy(tmp_path):

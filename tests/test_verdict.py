@@ -182,6 +182,20 @@ def test_score_warns_when_records_count_flops_differently(published_record, tmp_
     assert "FLOPs counted on different bases" in capsys.readouterr().out
 
 
+def test_score_warns_when_profiled_counts_ran_over_different_kernels(published_record):
+    """The profiler counts the ops that ran: the fused batch norm of the CPU workarounds has no
+    count, stock batch norm's ops do, so two such runs' FLOPS are not alike."""
+    ic = config.load_benchmark("image_classification")
+    scores = []
+    for kernels in ("cpu-workarounds", "stock", "stock"):
+        rec = copy.deepcopy(published_record)
+        rec["flops"]["basis"] = "tensorflow-profiler"
+        rec["layers"]["L7"]["kernels"] = kernels
+        scores.append(scoring.score(rec, ic))
+    assert scoring.mixed_bases(scores[1:]) is None
+    assert "tensorflow-profiler (stock kernels)" in scoring.mixed_bases(scores)
+
+
 def test_an_unknown_convention_is_one_line(published_record, tmp_path, capsys):
     (tmp_path / "a.json").write_text(json.dumps(published_record))
     assert main(["score", str(tmp_path / "a.json"), "--convention", "nope"]) == 2

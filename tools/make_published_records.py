@@ -18,7 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpcai500_tf import config  # noqa: E402
 from hpcai500_tf import record as record_io  # noqa: E402
+from hpcai500_tf.record_builder import build_record  # noqa: E402
 
 # rank, submitter, published Valid PFLOPS, time in minutes (as published), top-1 (%)
 TABLE = [
@@ -41,25 +43,18 @@ def entry(rank: int, name: str, pflops: float, minutes: float, top1: float) -> d
     seconds, quality = minutes * 60, round(top1 / 100, 4)
     examples = EPOCHS * TRAIN_EXAMPLES
     point = {"epoch": EPOCHS, "elapsed_s": seconds, "examples": examples, "value": quality}
-    return {
-        "schema_version": record_io.SCHEMA_VERSION,
-        "kind": record_io.KIND,
-        "benchmark": "image_classification",
-        "preset": "published",
-        "level": "free",
-        "status": "imported",
-        "rankable": True,
-        "not_rankable_reasons": [],
-        "source": {
-            "tool": "tools/make_published_records.py, from the published ranking table",
-            "tool_version": "n/a",
-            "framework": "not given by the ranking",
-            "imported_from": (
-                f"{SOURCE}: rank {rank}, {name}, {top1} % top-1 in {minutes:g} min, "
-                f"published {pflops:.2f} PFLOPS"
-            ),
-        },
-        "layers": {
+    return build_record(
+        config.load_benchmark("image_classification"),
+        preset="published",
+        status="imported",
+        tool="tools/make_published_records.py, from the published ranking table",
+        tool_version="n/a",
+        framework="not given by the ranking",
+        imported_from=(
+            f"{SOURCE}: rank {rank}, {name}, {top1} % top-1 in {minutes:g} min, "
+            f"published {pflops:.2f} PFLOPS"
+        ),
+        layers={
             "L1": {"summary": name},
             "L2": {},
             "L3": {},
@@ -75,21 +70,19 @@ def entry(rank: int, name: str, pflops: float, minutes: float, top1: float) -> d
                 "epochs": EPOCHS,
             },
         },
-        "config": {"published": {"rank": rank, "valid_pflops": pflops, "source": SOURCE}},
-        "timeline": {
+        config={"published": {"rank": rank, "valid_pflops": pflops, "source": SOURCE}},
+        timeline={
             "init_start": 0.0,
             "run_start": 0.0,
             "run_stop": seconds,
             "segments": [{"start": 0.0, "stop": seconds}],
             "epochs": [],
         },
-        "quality": {
-            "metric": "top1_accuracy",
-            "target": TARGET,
-            **record_io.quality_result([point], TARGET, measured=True),
-            "curve": [point],
-        },
-        "flops": {
+        curve=[point],
+        metric="top1_accuracy",
+        target=TARGET,
+        measured=True,
+        flops={
             "per_example_training": PER_EXAMPLE,
             "per_example_forward": PER_EXAMPLE / 3,
             "analytical_per_example_forward": PER_EXAMPLE / 3,
@@ -101,15 +94,14 @@ def entry(rank: int, name: str, pflops: float, minutes: float, top1: float) -> d
             "basis": "analytical-resnet50-v1",
             "counted_op_types": [],
             "uncounted_op_types": [],
-            "total": PER_EXAMPLE * examples,
         },
-        "energy": record_io.energy_not_measured("the published ranking gives no power"),
-        "warnings": [
+        energy=record_io.energy_not_measured("the published ranking gives no power"),
+        warnings=[
             f"time is the published {minutes:g} min, rounded as published; hardware, software "
             "and epochs are not given by the ranking (90 epochs is the problem's budget)"
         ],
-        "artifacts": {},
-    }
+        artifacts={},
+    )
 
 
 def main() -> None:

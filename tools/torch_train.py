@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from torch_build import check_mixed_precision, choose_device, import_torch, torch_build  # noqa: E402
 from torch_data import Feeder, FeederError  # noqa: E402
 
+from hpcai500_tf.config import peak_learning_rate  # noqa: E402
 from hpcai500_tf.errors import UserError  # noqa: E402
 
 
@@ -105,7 +106,7 @@ class TorchRunner:
         )
         self.decayed = decayed
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
-        self.peak = o.base_learning_rate * self.global_batch / 256
+        self.peak = peak_learning_rate(o, self.global_batch)
         self.mixed = t.precision == "mixed"
         self.precision = (
             "float32"
@@ -312,6 +313,7 @@ def train(
 
 
 def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
+    from hpcai500_tf import config
     from hpcai500_tf import record as record_io
     from hpcai500_tf.engine import run_record as run
     from hpcai500_tf.engine.mllog import MLLogger
@@ -319,7 +321,7 @@ def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
 
     t = setup.training
     run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
-    record_io.write_atomic(run_dir / run.CONFIG_FILE, setup.config)
+    record_io.write_atomic(run_dir / run.CONFIG_FILE, config.saved_config(setup))
     mllog = MLLogger(run_dir / run.MLPERF_LOG)
     mllog.start("init_start", time_ms=init_start * 1000)
     run.log_setup(mllog, setup, runner.global_batch, runner.workload)

@@ -22,6 +22,7 @@ from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.engine.mllog import open_for_append
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.record import energy_not_measured
 
 MIN_HZ, MAX_HZ = 0.01, 1000.0  # a reading at least every 100 s, at most what a thread keeps up
 MLPERF_POWER_MIN_HZ = 1.0
@@ -213,17 +214,15 @@ def energy_block(
     node = [m for m in usable if m["part"] == NODE]
     # A meter log covers worker 0's node; other workers' nodes add what was sampled there.
     in_scope = node + [m for m in usable if m["worker"] != 0] if node else usable
-    base = {
-        "interval_s": interval_s,
-        "requested_hz": requested_hz,
-        "sources": measurements,
-        "notes": notes,
-    }
     if not in_scope:
         reason = "; ".join(notes) or "no power source gave a reading during the timed run"
-        block = {**base, "measured": False, "reason": reason, "joules": None, "scope": None}
-        block |= {"average_watts": None, "coverage": None, "sample_hz": None}
-        block |= {"parts_measured": [], "parts_not_measured": [], "quality_flags": []}
+        block = energy_not_measured(
+            reason,
+            interval_s=interval_s,
+            sources=measurements,
+            requested_hz=requested_hz,
+            notes=notes,
+        )
         return block, warnings
     counts: dict[str, int] = {}
     for item in in_scope:
@@ -250,7 +249,10 @@ def energy_block(
         flags.append(f"below MLPerf-power quality: readings cover {coverage:.1%} of the run")
     warnings += flags
     block = {
-        **base,
+        "interval_s": interval_s,
+        "requested_hz": requested_hz,
+        "sources": measurements,
+        "notes": notes,
         "measured": True,
         "reason": None,
         "joules": sum(m["joules"] for m in in_scope),

@@ -85,6 +85,14 @@ def cluster_in_environment() -> str | None:
     return "Slurm" if under_slurm() else None
 
 
+def strategy_overrides(launching_workers: bool) -> list[str]:
+    """The config override a run takes from its environment: multi_worker when this process
+    launches workers (--workers N) or is one task of a cluster (srun, TF_CONFIG)."""
+    if launching_workers or cluster_in_environment():
+        return ["training.strategy=multi_worker"]
+    return []
+
+
 def cluster_resolver():
     """(resolver or None, how the cluster was found). TF_CONFIG first, then Slurm."""
     import tensorflow as tf
@@ -167,16 +175,7 @@ def same_on_all_workers(strategy, fingerprint: str) -> bool:
 
     value = int(fingerprint[:15], 16)  # 60 bits, as three float32-exact 20-bit pieces
     local = tf.constant([[(value >> (20 * i)) & 0xFFFFF for i in range(3)]], tf.float32)
-
-    @tf.function
-    def gather():
-        def replica():
-            return tf.distribute.get_replica_context().all_gather(local, axis=0)
-
-        return strategy.experimental_local_results(strategy.run(replica))[0]
-
-    everyone = gather().numpy()
-    return bool((everyone == local.numpy()).all())
+    return bool((_all_gather(strategy, local) == local.numpy()).all())
 
 
 def gather_rows(strategy, row: list[float]):
@@ -184,7 +183,14 @@ def gather_rows(strategy, row: list[float]):
     With several replicas per worker, each worker's first replica is kept."""
     import tensorflow as tf
 
-    local = tf.constant([row], tf.float64)
+    rows = _all_gather(strategy, tf.constant([row], tf.float64))
+    per_worker = len(rows) // max(1, strategy.extended._num_workers)  # replicas per worker
+    return rows[::per_worker]
+
+
+def _all_gather(strategy, local):
+    """Every replica's `local` (one row each), stacked in replica order: a numpy array."""
+    import tensorflow as tf
 
     @tf.function
     def gather():
@@ -193,6 +199,12 @@ def gather_rows(strategy, row: list[float]):
 
         return strategy.experimental_local_results(strategy.run(replica))[0]
 
-    rows = gather().numpy()
-    per_worker = len(rows) // max(1, strategy.extended._num_workers)  # replicas per worker
-    return rows[::per_worker]
+    return gather().numpy()
+
+
+def exit_without_shutdown(code: int) -> None:
+    """End a worker of a failed multi-worker run now: TensorFlow's orderly shutdown would wait
+    for the lost peer forever. Output is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

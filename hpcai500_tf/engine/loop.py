@@ -25,6 +25,7 @@ from hpcai500_tf.engine.mllog import MLLogger
 from hpcai500_tf.engine.run_record import Progress
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
+from hpcai500_tf.models import kernels
 
 STATE_FILE = "state.json"
 
@@ -108,9 +109,9 @@ class Engine:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)
         self.decayed = optimizers.decayed_variables(self.model, optimizer.decay_all_variables)
-        # Variables whose finiteness the loss does not already carry (through weight decay).
-        decayed_ids = {id(v) for v in self.decayed} if optimizer.weight_decay else set()
-        self.unchecked = [v for v in self.model.trainable_variables if id(v) not in decayed_ids]
+        # The variables of a term the model's kernels ask for (weight decay covers its own).
+        covered = self.decayed if optimizer.weight_decay else []
+        self.unchecked = kernels.finiteness_variables(self.model, covered)
         self.train_step = tf.function(self._train_step, jit_compile=training.xla)
         self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
@@ -139,16 +140,8 @@ class Engine:
         return loss + self._weights_finite_check()
 
     def _weights_finite_check(self):
-        """0, or NaN once any weight is NaN or Inf: added to the loss that the run checks.
-
-        A NaN can vanish from the forward pass (the bfloat16 ReLU in `models.resnet` zeroes
-        NaNs with the sign bit set), but it turns the gradients of the batch norm before it,
-        and so the weights, into NaN; through weight decay or this check the loss shows it
-        one step later. Weight decay covers the variables it decays; this sums the rest."""
-        if not self.unchecked:
-            return 0.0
-        total = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in self.unchecked])
-        return 0.0 * total
+        """A term the model's kernels ask for (`models.kernels.finiteness_term`): 0 or NaN."""
+        return kernels.finiteness_term(self.unchecked)
 
     def _train_step(self, images, labels):
         losses = self.strategy.run(self._replica_train_step, (images, labels))
@@ -267,7 +260,7 @@ class Engine:
         if state.get("config_fingerprint") != fingerprint_now:
             raise UserError(
                 f"{run_dir}: it was started with another config; resume it with the "
-                "same benchmark, preset and --set values"
+                "same benchmark, preset and --set values, or with --resume alone"
             )
         try:
             self.checkpoint.read(prefix).assert_existing_objects_matched()

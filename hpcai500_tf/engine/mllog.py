@@ -6,6 +6,7 @@ Written and flushed line by line: a crashed run still leaves its log up to the c
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -13,6 +14,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpcai500_tf.errors import UserError
+
+# This project's benchmark names and MLPerf's `submission_benchmark` for the same problem;
+# a benchmark MLPerf does not have keeps its own name in both directions.
+MLPERF_BENCHMARK_NAMES = {"image_classification": "resnet"}
+
+
+def mlperf_benchmark_name(benchmark: str) -> str:
+    """MLPerf's name for one of this project's benchmarks (the log's submission_benchmark)."""
+    return MLPERF_BENCHMARK_NAMES.get(benchmark, benchmark)
+
+
+def benchmark_from_mlperf(name: str) -> str:
+    """This project's benchmark for a log's submission_benchmark."""
+    ours = {mlperf: benchmark for benchmark, mlperf in MLPERF_BENCHMARK_NAMES.items()}
+    return ours.get(name, name)
 
 
 def open_for_append(path: Path | str) -> TextIO:
@@ -33,7 +49,12 @@ class MLLogger:
         self._file = open_for_append(self.path) if (self.path and enabled) else None
 
     def _emit(
-        self, event_type: str, key: str, value: Any, metadata: dict | None, time_ms: float | None
+        self,
+        event_type: str,
+        key: str,
+        value: Any = None,
+        metadata: dict | None = None,
+        time_ms: float | None = None,
     ) -> None:
         if self._file is None:
             return
@@ -48,32 +69,10 @@ class MLLogger:
         self._file.write(":::MLLOG " + json.dumps(line) + "\n")
         self._file.flush()
 
-    def event(
-        self,
-        key: str,
-        value: Any = None,
-        metadata: dict | None = None,
-        time_ms: float | None = None,
-    ) -> None:
-        self._emit("POINT_IN_TIME", key, value, metadata, time_ms)
-
-    def start(
-        self,
-        key: str,
-        value: Any = None,
-        metadata: dict | None = None,
-        time_ms: float | None = None,
-    ) -> None:
-        self._emit("INTERVAL_START", key, value, metadata, time_ms)
-
-    def end(
-        self,
-        key: str,
-        value: Any = None,
-        metadata: dict | None = None,
-        time_ms: float | None = None,
-    ) -> None:
-        self._emit("INTERVAL_END", key, value, metadata, time_ms)
+    # What MLPerf's logger calls its three kinds of line.
+    event = functools.partialmethod(_emit, "POINT_IN_TIME")
+    start = functools.partialmethod(_emit, "INTERVAL_START")
+    end = functools.partialmethod(_emit, "INTERVAL_END")
 
     def close(self) -> None:
         if self._file is not None:

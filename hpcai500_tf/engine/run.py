@@ -11,11 +11,12 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tensorflow as tf
 
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
@@ -105,17 +106,59 @@ def _layers(setup: Setup, engine: Engine) -> dict:
     )
 
 
-def _gather_energy(engine: Engine, progress: Progress, warnings: list[str]):
+def gather_energy(run: BenchmarkRun) -> tuple[list[dict], list[str]]:
     """Every worker's energy over this segment, gathered on all workers (a collective)."""
-    own = progress.energy[-1] if progress.energy else []
+    own = run.progress.energy[-1] if run.progress.energy else []
     try:
-        rows = cluster.gather_rows(engine.strategy, power.worker_vector(own))
+        rows = cluster.gather_rows(run.engine.strategy, power.worker_vector(own))
     except tf.errors.OpError as error:
-        warnings.append(
+        run.warnings.append(
             f"the other workers' energy could not be gathered ({error.__class__.__name__})"
         )
         return [], []
     return power.other_workers(rows.tolist())
+
+
+@dataclass
+class BenchmarkRun:
+    """What the phases of one run share: the engine, where the run lives, its progress."""
+
+    setup: Setup
+    engine: Engine
+    workers: int
+    rank: int
+    run_dir: Path | None  # None on a worker that does not know it (Slurm, a user's TF_CONFIG)
+    save_dir: Path  # checkpoints: the run directory on the chief, a scratch one elsewhere
+    resumed: bool
+    progress: Progress
+    mllog: MLLogger
+    finished: bool = False  # resumed after its last epoch: only the lost record is rebuilt
+    flops: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def samples_path(self) -> Path | None:
+        """This worker's power readings: the run's own file on the chief; the others' beside
+        their logs, when the launcher made the run directory."""
+        if self.chief:
+            return self.run_dir / POWER_SAMPLES
+        if self.run_dir:
+            return self.run_dir / "workers" / f"power-samples-worker{self.rank}.csv"
+        return None
+
+
+@dataclass
+class Outcome:
+    """How the timed run ended, and what its power sampler saw."""
+
+    status: str = "completed"
+    peer_lost: bool = False
+    sampler: power.PowerSampler | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def run_benchmark(
@@ -135,154 +178,179 @@ def run_benchmark(
     (see `energy.meter_log`), read when the run ends. `run_dir` is an empty directory made for
     this run by the multi-worker launcher (otherwise one is made under `out_dir`)."""
     init_start = time.time()
-    if resume:
-        run_dir = Path(resume)
-        if not (run_dir / CONFIG_FILE).is_file():
-            raise UserError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+    run = prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start)
+    initialise(run, meter_log)
+    outcome = timed_run(run, power_hz)
+    return finish(run, outcome, power_hz, meter_log)
+
+
+def prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start) -> BenchmarkRun:
+    """The strategy (before any other TensorFlow op), the engine, the run directory and the
+    progress to start from: new, or restored from the run's last checkpoint."""
+    if resume and not (Path(resume) / CONFIG_FILE).is_file():
+        raise UserError(f"{resume}: not a run directory (no {CONFIG_FILE})")
     config_id = fingerprint(setup.config)
-    engine = build_engine(setup, data_dir, None, view)  # strategy first, then TF work
+    engine = build_engine(setup, data_dir, None, view)
     _, workers, rank = strategies.describe(engine.strategy, setup.training.strategy)
     if workers > 1:
         check_multi_worker(engine, workers, config_id)
-    chief = rank == 0
-    if not chief:
-        view = engine.view = None
+    if rank != 0:
+        engine.view = None  # the chief reports the run
     engine.check_data()
-    if chief:
-        if run_dir is None:
-            run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
-        run_dir = save_dir = Path(run_dir)
-        if not resume:
-            record_io.write_atomic(run_dir / CONFIG_FILE, setup.config)
-    else:
-        # Every worker writes checkpoints (the variables are read collectively); only the
-        # chief's are kept. The others write to a scratch directory, removed at the end.
-        save_dir = scratch_dir(rank)
-    # Each worker's power readings; the others' beside their logs when the launcher made the
-    # run directory (under Slurm or a user's TF_CONFIG they do not know it).
-    samples_path = (
-        run_dir / POWER_SAMPLES
-        if chief
-        else Path(run_dir) / "workers" / f"power-samples-worker{rank}.csv"
-        if run_dir
-        else None
-    )
-    mllog = MLLogger(run_dir / MLPERF_LOG if chief else None)
-    engine.mllog = mllog
-    finished = False  # a finished run whose record was lost: rebuilt from the saved state
     if resume:
-        progress = engine.restore(run_dir, config_id)
-        if progress.epochs_done >= setup.training.epochs:
-            if (run_dir / RECORD_FILE).exists():
-                raise UserError(
-                    f"{run_dir}: the run already finished all its epochs (its record: "
-                    f"{run_dir / RECORD_FILE})"
-                )
-            finished = True
+        run_dir = Path(resume)
+    elif rank == 0:
+        run_dir = Path(
+            run_dir or record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
+        )
+        record_io.write_atomic(run_dir / CONFIG_FILE, config.saved_config(setup))
+    # Every worker writes checkpoints (the variables are read collectively); only the chief's
+    # are kept. The others write to a scratch directory, removed at the end.
+    save_dir = run_dir if rank == 0 else scratch_dir(rank)
+    mllog = engine.mllog = MLLogger(run_dir / MLPERF_LOG if rank == 0 else None)
+    run = BenchmarkRun(
+        setup, engine, workers, rank, run_dir and Path(run_dir), save_dir, bool(resume),
+        Progress(config_fingerprint=config_id, init_start=init_start), mllog,
+    )  # fmt: skip
+    if resume:
+        run.progress = engine.restore(run.run_dir, config_id)
+        run.finished = _record_lost(run)
     else:
-        progress = Progress(config_fingerprint=config_id, init_start=init_start)
         mllog.start("init_start", time_ms=init_start * 1000)
         log_setup(mllog, setup, engine.global_batch, engine.workload)
+    return run
+
+
+def _record_lost(run: BenchmarkRun) -> bool:
+    """Whether a resumed run had already finished its epochs (only its record was lost);
+    refused when the record is there: there is nothing left to do."""
+    if run.progress.epochs_done < run.setup.training.epochs:
+        return False
+    if (run.run_dir / RECORD_FILE).exists():
+        raise UserError(
+            f"{run.run_dir}: the run already finished all its epochs (its record: "
+            f"{run.run_dir / RECORD_FILE})"
+        )
+    run.warnings.append("the record was rebuilt by --resume from the run's saved state")
+    return True
+
+
+def initialise(run: BenchmarkRun, meter_log: str | None) -> None:
+    """Everything before the timed run: count the train step's FLOPs, warm it up (and the
+    checkpoint writer), so that one-time costs stay out of the time to quality."""
+    engine, view = run.engine, run.engine.view
     if view:
         view.message("tracing the train step, counting its FLOPs, warming it up")
     batch = engine.synthetic_batch()
-    flops = measure_flops(engine, batch)
+    run.flops = measure_flops(engine, batch)
     engine.warm_up(batch)
-    if setup.training.checkpoint_every:
+    if run.setup.training.checkpoint_every:
         engine.warm_up_checkpoints()
-    if not resume:
-        mllog.end("init_stop")
-    warnings, status, peer_lost = [], "completed", False
-    if chief and meter_log and not Path(meter_log).exists():
-        warnings.append(f"{meter_log}: the meter log did not exist when the run started")
+    if not run.resumed:
+        run.mllog.end("init_stop")
+    if run.chief and meter_log and not Path(meter_log).exists():
+        run.warnings.append(f"{meter_log}: the meter log did not exist when the run started")
         if view:
             view.message(f"{meter_log} does not exist yet; it is read when the run ends")
-    if finished:
-        warnings.append("the record was rebuilt by --resume from the run's saved state")
-        sampler, notes = (
-            None,
-            ["the record was rebuilt after the run: no readings beyond its checkpoint"],
-        )
-    else:
-        sampler, notes = start_power_sampling(power_hz, view)  # every worker samples its node
+
+
+def timed_run(run: BenchmarkRun, power_hz: float) -> Outcome:
+    """Train to the epoch budget with power sampled on every worker's node. Whatever ends the
+    run (divergence, Ctrl-C, a lost peer, bad data, a defect) becomes its status and a
+    warning: the record is still written."""
+    if run.finished:
+        note = "the record was rebuilt after the run: no readings beyond its checkpoint"
+        return Outcome(notes=[note])
+    sampler, notes = start_power_sampling(power_hz, run.engine.view)
+    outcome = Outcome(sampler=sampler, notes=notes)
     try:
-        if not finished:
-            engine.train_epochs(progress, save_dir, power=sampler)
-    except Diverged as error:
-        status = "diverged"
-        warnings.append(str(error))
-    except KeyboardInterrupt:
-        status = "stopped"
-        saved = engine.saved_epochs
-        warnings.append(
-            f"interrupted by the user after {progress.epochs_done} epoch(s); "
-            + (
-                "no checkpoint was written yet: it cannot be resumed"
-                if saved is None
-                else f"the last checkpoint holds {saved}: resume with --resume {run_dir} "
-                f"(it continues from epoch {saved + 1})"
-            )
+        run.engine.train_epochs(run.progress, run.save_dir, power=sampler)
+    except (KeyboardInterrupt, Exception) as error:  # every ending is a status and a warning
+        outcome.status, warning, outcome.peer_lost = classify_failure(error, run)
+        run.warnings.append(warning)
+    finally:
+        _stop_sampling(run, sampler)
+    return outcome
+
+
+def classify_failure(error: BaseException, run: BenchmarkRun) -> tuple[str, str, bool]:
+    """(status, warning, whether a peer was lost) for what ended a run early."""
+    if isinstance(error, Diverged):
+        return "diverged", str(error), False
+    if isinstance(error, KeyboardInterrupt):
+        saved = run.engine.saved_epochs
+        resume = (
+            "no checkpoint was written yet: it cannot be resumed"
+            if saved is None
+            else f"the last checkpoint holds {saved}: resume with --resume {run.run_dir} "
+            f"(it continues from epoch {saved + 1})"
         )
-    except tf.errors.OpError as error:
+        done = run.progress.epochs_done
+        return "stopped", f"interrupted by the user after {done} epoch(s); {resume}", False
+    if isinstance(error, tf.errors.OpError):
         user_error = _user_error_inside(error)
         first_line = (str(error).strip().splitlines() or [""])[-1][:300]
+        name = error.__class__.__name__
         if user_error is not None:  # bad data found while reading
-            status = "failed"
-            warnings.append(f"the input data failed mid-run: {user_error}")
-        elif workers > 1 and isinstance(error, PEER_LOST):
-            status, peer_lost = "stopped", True
-            warnings.append(
-                f"lost contact with a peer worker ({error.__class__.__name__}: {first_line}); "
-                f"resume with --resume {run_dir}"
-            )
-        else:  # e.g. a corrupt shard (DataLossError) found mid-epoch
-            status = "failed"
-            warnings.append(f"the run failed: {error.__class__.__name__}: {first_line}")
-    except UserError as error:
-        status = "failed"
-        warnings.append(f"the run failed: {error}")
-    except Exception as error:  # noqa: BLE001 - a defect: still a record, and its traceback
-        status = "failed"
-        where = _write_traceback(run_dir if chief else None)
-        warnings.append(f"the run failed: {error.__class__.__name__}: {error}{where}")
-    finally:
-        if sampler:
-            sampler.stop()
-            last = progress.segments[-1] if progress.segments else None
-            if last:
-                progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
-            if sampler.sources and samples_path:
-                try:
-                    sampler.write_samples(samples_path)
-                except (OSError, UserError) as error:  # post-processing: never lose the run
-                    warnings.append(f"power samples not written: {error}")
+            return "failed", f"the input data failed mid-run: {user_error}", False
+        if run.workers > 1 and isinstance(error, PEER_LOST):
+            lost = f"lost contact with a peer worker ({name}: {first_line})"
+            return "stopped", f"{lost}; resume with --resume {run.run_dir}", True
+        return "failed", f"the run failed: {name}: {first_line}", False  # e.g. a corrupt shard
+    if isinstance(error, UserError):
+        return "failed", f"the run failed: {error}", False
+    # A defect: still a record, and its traceback beside it.
+    where = _write_traceback(run.run_dir if run.chief else None)
+    return "failed", f"the run failed: {error.__class__.__name__}: {error}{where}", False
+
+
+def _stop_sampling(run: BenchmarkRun, sampler) -> None:
+    """Stop the sampler, add the last segment's energy, keep the readings (never fatal)."""
+    if not sampler:
+        return
+    sampler.stop()
+    if run.progress.segments:
+        last = run.progress.segments[-1]
+        run.progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
+    if sampler.sources and run.samples_path:
+        try:
+            sampler.write_samples(run.samples_path)
+        except (OSError, UserError) as error:  # post-processing: never lose the run
+            run.warnings.append(f"power samples not written: {error}")
+
+
+def finish(
+    run: BenchmarkRun, outcome: Outcome, power_hz: float, meter_log: str | None
+) -> tuple[dict | None, Path | None]:
+    """Gather every node's energy, close the MLPerf log and write the record (the chief)."""
     others, others_notes = [], []
-    if workers > 1 and not peer_lost and status != "failed":  # a collective needs every peer
-        others, others_notes = _gather_energy(engine, progress, warnings)
-    if not chief:
-        shutil.rmtree(save_dir, ignore_errors=True)
+    if run.workers > 1 and not outcome.peer_lost and outcome.status != "failed":
+        others, others_notes = gather_energy(run)  # a collective: needs every peer
+    if not run.chief:
+        shutil.rmtree(run.save_dir, ignore_errors=True)
         return None, None
     energy, energy_warnings = energy_result(
-        progress, notes + others_notes, power_hz, meter_log, others
+        run.progress, outcome.notes + others_notes, power_hz, meter_log, others
     )
-    warnings += energy_warnings
-    if not (finished and '"key": "run_stop"' in _tail(run_dir / MLPERF_LOG)):
-        mllog.end(
-            "run_stop", metadata={"status": "success" if status == "completed" else "aborted"}
-        )
-    mllog.close()
+    run.warnings += energy_warnings
+    run_dir = run.run_dir
+    if not (run.finished and '"key": "run_stop"' in _tail(run_dir / MLPERF_LOG)):
+        status = "success" if outcome.status == "completed" else "aborted"
+        run.mllog.end("run_stop", metadata={"status": status})
+    run.mllog.close()
+    sampled = outcome.sampler and outcome.sampler.sources
     artifacts = {
         "run_dir": str(run_dir),
         "mlperf_log": str(run_dir / MLPERF_LOG),
         "checkpoints": str(run_dir / "checkpoints"),
-        "power_samples": str(run_dir / POWER_SAMPLES) if sampler and sampler.sources else None,
+        "power_samples": str(run_dir / POWER_SAMPLES) if sampled else None,
     }
-    layer_values = _layers(setup, engine)
     record = make_record(
-        setup, layer_values, engine.workload, progress, flops, status, warnings, artifacts, energy
-    )
+        run.setup, _layers(run.setup, run.engine), run.engine.workload, run.progress,
+        run.flops, outcome.status, run.warnings, artifacts, energy,
+    )  # fmt: skip
     path = run_dir / RECORD_FILE
-    record_io.save(path, record, overwrite=bool(resume))
+    record_io.save(path, record, overwrite=run.resumed)
     return record, path
 
 
@@ -363,9 +431,9 @@ def check_multi_worker(engine: Engine, workers: int, config_id: str) -> None:
         )
 
 
-def flops_report(setup: Setup, data_dir: str | None) -> dict:
-    """FLOPs per example both ways, without training."""
-    engine = build_engine(setup, data_dir)
+def flops_report(setup: Setup) -> dict:
+    """FLOPs per example both ways, without training (the setup's data is not read)."""
+    engine = build_engine(setup, None)
     return {
         **measure_flops(engine, engine.synthetic_batch()),
         "global_batch": engine.global_batch,

@@ -12,14 +12,15 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from hpcai500_tf import __version__, benchmark_layers
+from hpcai500_tf import benchmark_layers
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup, peak_learning_rate
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import discover
-from hpcai500_tf.engine.mllog import MLLogger
+from hpcai500_tf.engine.mllog import MLLogger, mlperf_benchmark_name
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.record_builder import build_record
 
 CONFIG_FILE = "config.json"
 RECORD_FILE = "record.json"
@@ -51,17 +52,6 @@ class Progress:
         return closed + ((now or time.time()) - open_segment if open_segment else 0.0)
 
 
-def _not_rankable(setup: Setup, workload, problem: dict) -> list[str]:
-    reasons = []
-    if not workload.measures_quality:
-        reasons.append("random data: quality not measured (throughput only)")
-    reasons += [f"data: {difference}" for difference in problem.get("data_differences", [])]
-    for key, expected in setup.benchmark.problem().items():
-        if problem[key] != expected:
-            reasons.append(f"{key} is {problem[key]!r}, the benchmark's is {expected!r}")
-    return reasons
-
-
 def make_record(
     setup: Setup,
     layer_values: dict,
@@ -75,62 +65,38 @@ def make_record(
     framework: str = "tensorflow",
 ) -> dict:
     """The record of a finished (or stopped) run, from any framework's runner."""
-    reasons = _not_rankable(setup, workload, layer_values["L9"])
-    quality = record_io.quality_result(
-        progress.curve, setup.training.target_quality, workload.measures_quality
-    )
-    if quality["measured"] and quality["achieved"] is None and status == "completed":
-        status = "stopped"
-        warnings.append("no evaluation produced a quality above 0")
-    examples = quality["examples_to_quality"]
+    run_start = progress.run_start or progress.init_start
     run_stop = progress.segments[-1]["stop"] if progress.segments else time.time()
-    return {
-        "schema_version": record_io.SCHEMA_VERSION,
-        "kind": record_io.KIND,
-        "benchmark": setup.benchmark.name,
-        "preset": setup.preset,
-        "level": "free",
-        "status": status,
-        "rankable": not reasons,
-        "not_rankable_reasons": reasons,
-        "source": {
-            "tool": "hpcai500-tf",
-            "tool_version": __version__,
-            "framework": framework,
-            "imported_from": None,
-        },
-        "layers": layer_values,
-        "config": setup.config,
-        "timeline": {
+    return build_record(
+        setup.benchmark,
+        preset=setup.preset,
+        status=status,
+        tool="hpcai500-tf",
+        framework=framework,
+        layers=layer_values,
+        config=setup.config,
+        timeline={
             "init_start": progress.init_start,
-            "run_start": progress.run_start or progress.init_start,
-            "run_stop": max(run_stop, (progress.run_start or progress.init_start) + 1e-6),
+            "run_start": run_start,
+            "run_stop": max(run_stop, run_start + 1e-6),
             "segments": progress.segments,
             "epochs": progress.epochs,
         },
-        "quality": {
-            "metric": workload.quality_metric,
-            "target": setup.training.target_quality,
-            **quality,
-            "curve": progress.curve,
-        },
-        "flops": {
-            **flops,
-            "total": None if examples is None else flops["per_example_training"] * examples,
-        },
-        "energy": energy,
-        "warnings": warnings,
-        "artifacts": artifacts,
-    }
+        curve=progress.curve,
+        metric=workload.quality_metric,
+        target=setup.training.target_quality,
+        measured=workload.measures_quality,
+        flops=flops,
+        energy=energy,
+        warnings=warnings,
+        artifacts=artifacts,
+    )
 
 
 def log_setup(mllog: MLLogger, setup: Setup, global_batch: int, workload) -> None:
     """The MLPerf setup events every runner logs between init_start and init_stop."""
     t, o = setup.training, setup.optimizer
-    mllog.event(
-        "submission_benchmark",
-        "resnet" if setup.benchmark.name == "image_classification" else setup.benchmark.name,
-    )
+    mllog.event("submission_benchmark", mlperf_benchmark_name(setup.benchmark.name))
     mllog.event("submission_division", "open")
     mllog.event("submission_org", "hpcai500-tf")
     mllog.event("submission_platform", benchmark_layers.hardware_layer()["summary"])
@@ -190,8 +156,11 @@ def energy_result(
             return block, warnings
         except ValueError:
             why = "the readings give a number that is not finite (a sensor or log out of range)"
-    block, more = power.energy_block([], [*notes, why], interval_s, hz or None)
-    return block, [*warnings, f"energy not measured: {why}", *more]
+    notes = [*notes, why]
+    block = record_io.energy_not_measured(
+        "; ".join(notes), interval_s=interval_s, requested_hz=hz or None, notes=notes
+    )
+    return block, [*warnings, f"energy not measured: {why}"]
 
 
 def _energy_block(progress, notes, hz, meter_log, other_workers, intervals, interval_s):

@@ -2,7 +2,7 @@
 traces at a fixed batch and its FLOPs can be counted like the classifier's.
 
 - Backbone: ResNet-50 v1.5 (models/resnet.py) on 16 channels, cut after stage `feature_stage`
-  (4: stride 16, as in the paper's C4 model).
+  (4: stride 16, as in the paper's C4 model), on the layers of `kernels` (models/kernels.py).
 - RPN: 3x3 conv, then per anchor an objectness logit and 4 box deltas. Anchors: every
   size x aspect ratio at every feature-map cell, sized for weather features in pixels.
 - Proposals: decode, clip, top `pre_nms` by objectness, NMS at IoU 0.7, a fixed number kept
@@ -120,6 +120,7 @@ class FasterRCNN(keras.Model):
         bn_momentum: float = 0.9,
         bn_epsilon: float = 1e-5,
         zero_init_residual: bool = True,
+        kernels: str = "auto",
         **kwargs,
     ):
         super().__init__(name="faster_rcnn", **kwargs)
@@ -132,7 +133,7 @@ class FasterRCNN(keras.Model):
         self.max_detections = max_detections
         images = keras.Input(image_shape, name="images")
         stages = resnet.resnet_backbone(
-            images, width, blocks, bn_momentum, bn_epsilon, zero_init_residual
+            images, width, blocks, bn_momentum, bn_epsilon, zero_init_residual, kernels
         )
         features = stages[feature_stage - 2]
         self.backbone = keras.Model(images, features, name="backbone")

@@ -10,9 +10,21 @@ from rich.table import Table
 from rich.text import Text
 
 from hpcai500_tf.compare import Comparison
-from hpcai500_tf.record import LAYER_KEYS
 from hpcai500_tf.scaling import Series
 from hpcai500_tf.scoring import Ranking, Score
+
+# The nine layers in words, as a reader says them (a record's keys: record.LAYER_KEYS).
+LAYER_NAMES = {
+    "L1": "hardware",
+    "L2": "operating system",
+    "L3": "communication",
+    "L4": "accelerator libraries",
+    "L5": "framework",
+    "L6": "programming model",
+    "L7": "workload",
+    "L8": "hyperparameters",
+    "L9": "problem",
+}
 
 console = Console()
 
@@ -60,11 +72,11 @@ def _value(value) -> str:
 
 def layers_table(layers: dict[str, dict], title: str = "The nine layers") -> Table:
     table = Table(title=title)
-    table.add_column("Layer", style="bold")
+    table.add_column("Layer", style="bold", no_wrap=True)
     table.add_column("Field")
     table.add_column("Value", overflow="fold")
     for layer, fields in layers.items():
-        name = f"{layer} {LAYER_KEYS[layer]}"
+        name = f"{layer} {LAYER_NAMES[layer]}"
         if table.row_count:
             table.add_section()
         for index, (key, value) in enumerate(fields.items()):
@@ -315,7 +327,7 @@ def comparison_tables(comparison: Comparison, path_a: str, path_b: str) -> list:
         layers.add_column(column, overflow="fold")
     for d in comparison.differences:
         layers.add_row(
-            f"{d.layer} {LAYER_KEYS[d.layer]}", escape(d.field), _value(d.a), _value(d.b)
+            f"{d.layer} {LAYER_NAMES[d.layer]}", escape(d.field), _value(d.a), _value(d.b)
         )
     if comparison.unknown:
         fields = ", ".join(f"{u.layer}.{u.field}" for u in comparison.unknown[:8])

@@ -22,69 +22,16 @@ def draw(record: dict, out_stem: Path) -> list[Path]:
     """Write OUT_STEM.png and OUT_STEM.svg; returns their paths."""
     bandwidth = record["bandwidth_ceiling"]
     fig, ax = plt.subplots(figsize=(9, 6))
-    intensities = [0.05, 1e4]
     for dtype, result in record["dtypes"].items():
-        compute = max(v for v in (result["gemm_ceiling"], result["conv_ceiling"]) if v)
-        colour = COLOURS.get(dtype, "black")
-        if bandwidth:
-            ridge = compute / bandwidth
-            xs = [intensities[0], ridge, intensities[1]]
-            ax.plot(
-                xs,
-                [min(compute, bandwidth * x) for x in xs],
-                color=colour,
-                label=f"{dtype} roof ({compute / 1e9:.0f} GFLOP/s)",
-            )
-            ax.plot([ridge], [compute], "o", color=colour)
-            ax.annotate(
-                f"ridge {ridge:.1f}",
-                (ridge, compute),
-                textcoords="offset points",
-                xytext=(5, -12),
-                fontsize=8,
-                color=colour,
-            )
-        if result["gemm_ceiling"] and result["conv_ceiling"]:
-            lower = min(result["gemm_ceiling"], result["conv_ceiling"])
-            ax.axhline(lower, color=colour, linestyle=":", linewidth=0.8)
-    work = record.get("workload")
-    if work:
-        colour = COLOURS.get(work["dtype"], "black")
-        xs = [p["operational_intensity"] for p in work["layers"]]
-        ys = [p["achieved_flops"] for p in work["layers"]]
-        ax.scatter(
-            xs,
-            ys,
-            s=18,
-            color=colour,
-            edgecolor="black",
-            linewidth=0.4,
-            zorder=3,
-            label=f"layers alone ({work['dtype']}, batch {work['batch']})",
-        )
-        step = work["step"]
-        ax.scatter(
-            [step["operational_intensity"]],
-            [step["achieved_flops"]],
-            marker="*",
-            s=220,
-            color="gold",
-            edgecolor="black",
-            zorder=4,
-            label="whole train step",
-        )
+        _draw_roof(ax, dtype, result, bandwidth)
+    if record.get("workload"):
+        _draw_workload(ax, record["workload"])
     run = record.get("run")
     if run:
         ax.scatter(
-            [run["operational_intensity"]],
-            [run["achieved_flops"]],
-            marker="D",
-            s=80,
-            color="lime",
-            edgecolor="black",
-            zorder=4,
-            label="training run (record)",
-        )
+            [run["operational_intensity"]], [run["achieved_flops"]], marker="D", s=80,
+            color="lime", edgecolor="black", zorder=4, label="training run (record)",
+        )  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("operational intensity (FLOPs per byte of memory traffic)")
@@ -101,3 +48,41 @@ def draw(record: dict, out_stem: Path) -> list[Path]:
         paths.append(path)
     plt.close(fig)
     return paths
+
+
+def _draw_roof(ax, dtype: str, result: dict, bandwidth: float | None) -> None:
+    """One dtype's roof (bandwidth slope, then its best compute ceiling) and ridge point; the
+    lower of its GEMM and convolution ceilings dotted."""
+    compute = max(v for v in (result["gemm_ceiling"], result["conv_ceiling"]) if v)
+    colour = COLOURS.get(dtype, "black")
+    if bandwidth:
+        ridge = compute / bandwidth
+        xs = [0.05, ridge, 1e4]
+        ax.plot(
+            xs, [min(compute, bandwidth * x) for x in xs], color=colour,
+            label=f"{dtype} roof ({compute / 1e9:.0f} GFLOP/s)",
+        )  # fmt: skip
+        ax.plot([ridge], [compute], "o", color=colour)
+        ax.annotate(
+            f"ridge {ridge:.1f}", (ridge, compute), textcoords="offset points",
+            xytext=(5, -12), fontsize=8, color=colour,
+        )  # fmt: skip
+    if result["gemm_ceiling"] and result["conv_ceiling"]:
+        lower = min(result["gemm_ceiling"], result["conv_ceiling"])
+        ax.axhline(lower, color=colour, linestyle=":", linewidth=0.8)
+
+
+def _draw_workload(ax, work: dict) -> None:
+    """The workload's layers, each timed alone, and its whole train step."""
+    colour = COLOURS.get(work["dtype"], "black")
+    xs = [p["operational_intensity"] for p in work["layers"]]
+    ys = [p["achieved_flops"] for p in work["layers"]]
+    ax.scatter(
+        xs, ys, s=18, color=colour, edgecolor="black", linewidth=0.4, zorder=3,
+        label=f"layers alone ({work['dtype']}, batch {work['batch']})",
+    )  # fmt: skip
+    step = work["step"]
+    ax.scatter(
+        [step["operational_intensity"]], [step["achieved_flops"]], marker="*", s=220,
+        color="gold", edgecolor="black", zorder=4, label="whole train step",
+    )  # fmt: skip

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import tensorflow as tf
 
 from hpcai500_tf import __version__, benchmark_layers
-from hpcai500_tf.roofline import kernels, peaks, workload
+from hpcai500_tf import record as record_io
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.roofline import chart, peaks, timed_ops, workload
 
 RECORD_KIND = "hpcai500-roofline"
 SCHEMA_VERSION = 1
@@ -39,7 +43,7 @@ FULL = SweepPlan(
 )
 
 
-def resnet50_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
+def resnet50_conv_shapes(plan: SweepPlan) -> list[timed_ops.ConvShape]:
     """The distinct convolution shapes of ResNet-50 v1.5 at 224x224 (SPEC: the IC model)."""
     from hpcai500_tf.models.resnet import resnet50_v15
 
@@ -49,7 +53,7 @@ def resnet50_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
     return shapes
 
 
-def weather_conv_shapes(plan: SweepPlan) -> list[kernels.ConvShape]:
+def weather_conv_shapes(plan: SweepPlan) -> list[timed_ops.ConvShape]:
     """The extreme-weather detector's first layers at the published resolution (768 x 1152 x
     16 channels, batch 1): the stem and the first bottleneck, the largest maps it convolves.
     Full sweep only (they take seconds each)."""
@@ -70,71 +74,22 @@ def _fits(bytes_needed: float) -> bool:
     return not total or bytes_needed < total / 4
 
 
-def measure_ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=print) -> dict:
+def measure_ceilings(plan: SweepPlan, conv_shapes: list[timed_ops.ConvShape], say=print) -> dict:
+    """Memory bandwidth (STREAM kernels), then per dtype the GEMM and convolution rates,
+    each dtype within its time bound; what was skipped is named with the reason."""
     hardware = benchmark_layers.hardware_layer()
     results, skipped = {}, {}
-    bandwidth = {}
-    for name in kernels.STREAM_KERNELS:
-        if not _fits(3 * plan.stream_elements * 4):
-            skipped[f"stream {name}"] = "arrays do not fit in memory"
-            continue
-        rate, timing = kernels.stream(name, plan.stream_elements, "fp32", plan.min_seconds)
-        bandwidth[name] = {"bytes_per_s": rate, "spread": timing.spread}
-        say(f"stream {name:5s} {rate / 1e9:8.1f} GB/s")
+    bandwidth = _measure_bandwidth(plan, skipped, say)
     best_bandwidth = max((b["bytes_per_s"] for b in bandwidth.values()), default=None)
     for dtype in plan.dtypes:
-        reason = kernels.dtype_supported(dtype)
+        reason = timed_ops.dtype_supported(dtype)
         if reason:
             skipped[dtype] = reason
             say(f"{dtype}: skipped ({reason})")
             continue
-        itemsize = kernels.DTYPES[dtype].size
         deadline = time.perf_counter() + plan.seconds_per_dtype
-        gemm, rate = [], None
-        for n in plan.gemm_sizes:
-            if not _fits(3 * n * n * itemsize):
-                skipped[f"{dtype} gemm {n}"] = "does not fit in memory"
-                continue
-            # A repetition at this size must fit the time left several times over.
-            if rate and 2 * n**3 / rate * 10 > deadline - time.perf_counter():
-                skipped[f"{dtype} gemm {n}+"] = "beyond this dtype's time bound"
-                break
-            rate, timing, layout = kernels.gemm(n, dtype, plan.min_seconds)
-            gemm.append({"n": n, "flops": rate, "spread": timing.spread, "layout": layout})
-            say(f"{dtype} gemm {n:5d} {rate / 1e9:9.1f} GFLOP/s ({layout})")
-        convs, slowest = [], None
-        for index, shape in enumerate(conv_shapes):
-            if time.perf_counter() > deadline:
-                skipped[f"{dtype} conv"] = (
-                    f"time bound reached after {index} of {len(conv_shapes)} shapes"
-                )
-                break
-            # Its three passes, a few repetitions each at the slowest pass rate seen so far,
-            # must fit the time left: one TensorFlow call cannot be interrupted.
-            if slowest and 3 * 3 * shape.flops() / slowest > deadline - time.perf_counter():
-                skipped[f"{dtype} conv {shape.name} {shape.pixels}"] = (
-                    "beyond this dtype's time bound"
-                )
-                continue
-            rates = []
-            for direction in ("forward", "backward_input", "backward_filter"):
-                rate, timing = kernels.conv(shape, dtype, direction, plan.min_seconds)
-                rates.append(rate)
-                convs.append(
-                    {
-                        "shape": shape.__dict__,
-                        "direction": direction,
-                        "flops": rate,
-                        "spread": timing.spread,
-                    }
-                )
-            slowest = min(rates) if slowest is None else min(slowest, *rates)
-            say(
-                f"{dtype} conv {shape.kernel}x{shape.kernel}/{shape.stride} {shape.pixels:>5s} "
-                f"{shape.cin:4d}->{shape.cout:<4d} fwd/bwd-in/bwd-filter "
-                + " / ".join(f"{r / 1e9:.1f}" for r in rates)
-                + " GFLOP/s"
-            )
+        gemm = _measure_gemm(plan, dtype, deadline, skipped, say)
+        convs = _measure_convs(plan, dtype, conv_shapes, deadline, skipped, say)
         gemm_peak = max((g["flops"] for g in gemm), default=None)
         conv_peak = max((c["flops"] for c in convs), default=None)
         if gemm_peak is None and conv_peak is None:
@@ -159,6 +114,67 @@ def measure_ceilings(plan: SweepPlan, conv_shapes: list[kernels.ConvShape], say=
     }
 
 
+def _measure_bandwidth(plan: SweepPlan, skipped: dict, say) -> dict:
+    bandwidth = {}
+    for name in timed_ops.STREAM_KERNELS:
+        if not _fits(3 * plan.stream_elements * 4):
+            skipped[f"stream {name}"] = "arrays do not fit in memory"
+            continue
+        rate, timing = timed_ops.stream(name, plan.stream_elements, "fp32", plan.min_seconds)
+        bandwidth[name] = {"bytes_per_s": rate, "spread": timing.spread}
+        say(f"stream {name:5s} {rate / 1e9:8.1f} GB/s")
+    return bandwidth
+
+
+def _measure_gemm(plan: SweepPlan, dtype: str, deadline: float, skipped: dict, say) -> list:
+    itemsize = timed_ops.DTYPES[dtype].size
+    gemm, rate = [], None
+    for n in plan.gemm_sizes:
+        if not _fits(3 * n * n * itemsize):
+            skipped[f"{dtype} gemm {n}"] = "does not fit in memory"
+            continue
+        # A repetition at this size must fit the time left several times over.
+        if rate and 2 * n**3 / rate * 10 > deadline - time.perf_counter():
+            skipped[f"{dtype} gemm {n}+"] = "beyond this dtype's time bound"
+            break
+        rate, timing, layout = timed_ops.gemm(n, dtype, plan.min_seconds)
+        gemm.append({"n": n, "flops": rate, "spread": timing.spread, "layout": layout})
+        say(f"{dtype} gemm {n:5d} {rate / 1e9:9.1f} GFLOP/s ({layout})")
+    return gemm
+
+
+def _measure_convs(plan, dtype, conv_shapes, deadline, skipped, say) -> list:
+    """Each shape's three passes (forward, input gradient, filter gradient)."""
+    convs, slowest = [], None
+    for index, shape in enumerate(conv_shapes):
+        if time.perf_counter() > deadline:
+            skipped[f"{dtype} conv"] = (
+                f"time bound reached after {index} of {len(conv_shapes)} shapes"
+            )
+            break
+        # Its three passes, a few repetitions each at the slowest pass rate seen so far,
+        # must fit the time left: one TensorFlow call cannot be interrupted.
+        if slowest and 3 * 3 * shape.flops() / slowest > deadline - time.perf_counter():
+            skipped[f"{dtype} conv {shape.name} {shape.pixels}"] = "beyond this dtype's time bound"
+            continue
+        rates = []
+        for direction in ("forward", "backward_input", "backward_filter"):
+            rate, timing = timed_ops.conv(shape, dtype, direction, plan.min_seconds)
+            rates.append(rate)
+            convs.append(
+                {"shape": shape.__dict__, "direction": direction, "flops": rate,
+                 "spread": timing.spread}
+            )  # fmt: skip
+        slowest = min(rates) if slowest is None else min(slowest, *rates)
+        say(
+            f"{dtype} conv {shape.kernel}x{shape.kernel}/{shape.stride} {shape.pixels:>5s} "
+            f"{shape.cin:4d}->{shape.cout:<4d} fwd/bwd-in/bwd-filter "
+            + " / ".join(f"{r / 1e9:.1f}" for r in rates)
+            + " GFLOP/s"
+        )
+    return convs
+
+
 def workload_points(engine, min_seconds: float, say=print) -> dict:
     """The engine's model: each layer alone, and its whole train step, at its batch."""
     dtype = (
@@ -166,7 +182,7 @@ def workload_points(engine, min_seconds: float, say=print) -> dict:
         if engine.policy == "mixed_bfloat16"
         else ("fp16" if engine.policy == "mixed_float16" else "fp32")
     )
-    itemsize = kernels.DTYPES[dtype].size
+    itemsize = timed_ops.DTYPES[dtype].size
     shapes = workload.layer_shapes(engine.model, engine.global_batch)
     points = workload.layer_points(shapes, dtype, itemsize, min_seconds)
     batch = engine.synthetic_batch()
@@ -234,3 +250,45 @@ def new_record(
         ),
         "tensorflow": tf.__version__,
     }
+
+
+def choose_plan(quick: bool, dtypes: str | None) -> tuple[str, SweepPlan]:
+    """The quick or full plan, optionally limited to a comma-separated list of dtypes."""
+    name, plan = ("quick", QUICK) if quick else ("full", FULL)
+    if dtypes:
+        unknown = set(dtypes.split(",")) - set(timed_ops.DTYPES)
+        if unknown:
+            raise UserError(
+                f"unknown dtype {', '.join(sorted(unknown))} (known: {', '.join(timed_ops.DTYPES)})"
+            )
+        plan = dataclasses.replace(plan, dtypes=tuple(dtypes.split(",")))
+    return name, plan
+
+
+def run_sweep(
+    setup,
+    plan_name: str,
+    plan: SweepPlan,
+    out: Path,
+    place_workload: bool = True,
+    run_record: dict | None = None,
+    record_path: str | None = None,
+    say=print,
+) -> tuple[dict, list[Path]]:
+    """Measure the ceilings, place the workload (and a finished run), write roofline.json and
+    the chart into the empty directory `out`; returns the result and the chart's files."""
+    from hpcai500_tf.engine.run import build_engine
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out}: exists and is not an empty directory; refusing to overwrite it")
+    engine = build_engine(setup, None)
+    conv_shapes = resnet50_conv_shapes(plan) + weather_conv_shapes(plan)
+    measured = measure_ceilings(plan, conv_shapes, say)
+    work = workload_points(engine, plan.min_seconds, say) if place_workload else None
+    where = {"benchmark": setup.benchmark.name, "preset": setup.preset}
+    result = new_record(plan_name, measured, work, where)
+    if run_record:
+        result["run"] = {"record": str(record_path), **record_point(run_record, engine)}
+    out.mkdir(parents=True, exist_ok=True)
+    record_io.write_atomic(out / "roofline.json", result)
+    return result, chart.draw(result, out / "roofline")

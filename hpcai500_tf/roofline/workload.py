@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import keras
 
-from hpcai500_tf.roofline.kernels import ConvShape, conv
+from hpcai500_tf.roofline.timed_ops import ConvShape, conv
 
 
 def layer_shapes(model: keras.Model, batch: int) -> list[tuple[ConvShape, int]]:

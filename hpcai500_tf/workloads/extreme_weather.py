@@ -7,104 +7,23 @@ into a cache directory (`data.source = "synthetic"`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from pathlib import Path
 
 import tensorflow as tf
 
 from hpcai500_tf import config
-from hpcai500_tf.config import section
 from hpcai500_tf.data import extreme_weather as ew
 from hpcai500_tf.data import listing
 from hpcai500_tf.data.listing import cache_dir
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.mean_average_precision import mean_average_precision
 from hpcai500_tf.models.faster_rcnn import FasterRCNN
+from hpcai500_tf.models.kernels import resolve
+from hpcai500_tf.workloads.settings import EXTREME_WEATHER_DATASETS as DATASET_NAMES
+from hpcai500_tf.workloads.settings import data_and_model
 
-DATASET_NAMES = {
-    "hdf5": "extremeweather",
-    "synthetic": "synthetic-extremeweather",
-    "random": "random (quality not measured)",
-}
 RANDOM_EPOCH = 1024  # examples per epoch of random data when synthetic_samples is 0
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    source: str  # hdf5 | synthetic | random (throughput only, no files)
-    train_years: list[int]
-    eval_years: list[int]
-    downsample: int  # average f x f pixel blocks (boxes scaled with them)
-    synthetic_samples: int  # per year file (synthetic and random)
-    synthetic_height: int  # synthetic and random images, before downsampling
-    synthetic_width: int
-
-    def check(self) -> str | None:
-        if self.source not in DATASET_NAMES:
-            return f"source must be one of {', '.join(DATASET_NAMES)}, got '{self.source}'"
-        if not self.train_years or not self.eval_years:
-            return "train_years and eval_years must name at least one year each"
-        if set(self.train_years) & set(self.eval_years):
-            return "a year cannot be in both train_years and eval_years"
-        problem = config.out_of_range(
-            self,
-            train_years=(1, 9999),
-            eval_years=(1, 9999),
-            downsample=(1, 64),
-            synthetic_samples=(0, 1_000_000),
-            synthetic_height=(1, 16_384),
-            synthetic_width=(1, 16_384),
-        )
-        if problem:
-            return problem
-        if self.source != "hdf5" and min(self.synthetic_height, self.synthetic_width) < 32:
-            return "synthetic and random images need height and width >= 32"
-        if self.source == "synthetic" and self.synthetic_samples < 1:
-            return "synthetic data need synthetic_samples >= 1"
-        return None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    width: float
-    blocks: list[int]
-    feature_stage: int  # 3 (stride 8) or 4 (stride 16, the C4 model)
-    anchor_sizes: list[float]  # pixels of the (downsampled) input
-    anchor_ratios: list[float]  # height / width
-    pre_nms: int
-    proposals_train: int
-    proposals_eval: int
-    rpn_batch: int
-    roi_batch: int
-    head_units: int
-    max_detections: int
-    bn_momentum: float
-    bn_epsilon: float
-
-    def check(self) -> str | None:
-        if not 0 < self.width <= 16 or len(self.blocks) != 4:
-            return f"width must be in (0, 16] and blocks four counts, got {self.width}"
-        if self.feature_stage not in (3, 4):
-            return f"feature_stage must be 3 or 4, got {self.feature_stage}"
-        if not self.anchor_sizes or not self.anchor_ratios:
-            return "anchor_sizes and anchor_ratios must not be empty"
-        if min(self.anchor_sizes) <= 0 or min(self.anchor_ratios) <= 0:
-            return "anchor sizes and ratios must be > 0"
-        if not 0 < self.bn_momentum < 1 or not 0 < self.bn_epsilon <= 1:
-            return "bn_momentum must be in (0, 1) and bn_epsilon in (0, 1]"
-        return config.out_of_range(
-            self,
-            blocks=(1, 100),
-            anchor_sizes=(0, 16_384),
-            anchor_ratios=(0, 100),
-            pre_nms=(1, 100_000),
-            proposals_train=(1, 100_000),
-            proposals_eval=(1, 100_000),
-            rpn_batch=(1, 100_000),
-            roi_batch=(4, 100_000),
-            head_units=(1, 65_536),
-            max_detections=(1, 10_000),
-        )
 
 
 class ExtremeWeather:
@@ -112,8 +31,9 @@ class ExtremeWeather:
     quality_metric = "map_iou50"
 
     def __init__(self, preset: dict, data_dir: str | None):
-        self.data = d = section(DataConfig, preset.get("data"), "data")
-        self.model_config = section(ModelConfig, preset.get("model"), "model")
+        self.data, self.model_config = data_and_model(self.name, preset)
+        d = self.data
+        self.kernels = resolve(self.model_config.kernels)  # as L7 records it
         self.data_name = DATASET_NAMES[d.source]
         self.facts: dict = {}  # L9 facts found in the files (none for random data)
         if d.source == "random":
@@ -223,24 +143,11 @@ class ExtremeWeather:
         return self.data.source != "random"
 
     def build_model(self):
-        m = self.model_config
+        model = self.model_config  # its fields are the model's arguments, by name
         return FasterRCNN(
             (*self.image_size, len(ew.CHANNELS)),
             num_classes=len(ew.CLASSES),
-            width=m.width,
-            blocks=tuple(m.blocks),
-            feature_stage=m.feature_stage,
-            anchor_sizes=m.anchor_sizes,
-            anchor_ratios=m.anchor_ratios,
-            pre_nms=m.pre_nms,
-            proposals_train=m.proposals_train,
-            proposals_eval=m.proposals_eval,
-            rpn_batch=m.rpn_batch,
-            roi_batch=m.roi_batch,
-            head_units=m.head_units,
-            max_detections=m.max_detections,
-            bn_momentum=m.bn_momentum,
-            bn_epsilon=m.bn_epsilon,
+            **{**dataclasses.asdict(model), "blocks": tuple(model.blocks)},
         )
 
     def input_shape(self) -> tuple[int, int, int]:

@@ -6,72 +6,22 @@ about images. Nothing here knows about strategies beyond the shard it is handed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from dataclasses import dataclass
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from hpcai500_tf import config
-from hpcai500_tf.config import section
 from hpcai500_tf.data import imagenet, listing, procedural
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models import resnet
+from hpcai500_tf.models.kernels import resolve
+from hpcai500_tf.workloads.settings import IMAGE_CLASSIFICATION_DATASETS as DATASET_NAMES
+from hpcai500_tf.workloads.settings import data_and_model
 
-DATASET_NAMES = {
-    "imagenet": "imagenet-1k",
-    "procedural": "procedural-gratings",
-    "random": "random (quality not measured)",
-}
 SPLITS = {"train": "train_examples", "validation": "eval_examples"}  # as named in data.*
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    source: str
-    image_size: int
-    num_classes: int
-    label_offset: int
-    train_examples: int
-    eval_examples: int
-    shuffle_buffer: int
-    noise: float
-
-    def check(self) -> str | None:
-        if self.source not in DATASET_NAMES:
-            return f"source must be one of {', '.join(DATASET_NAMES)}, got '{self.source}'"
-        problem = config.out_of_range(
-            self,
-            image_size=(16, 4096),
-            num_classes=(2, 100_000),
-            label_offset=(0, 100_000),
-            train_examples=(0, config.INT32_MAX),
-            eval_examples=(0, config.INT32_MAX),
-            shuffle_buffer=(1, 10_000_000),
-            noise=(0, 100),
-        )
-        if problem:
-            return problem
-        if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
-            return "generated data needs train_examples and eval_examples > 0"
-        return None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    width: float
-    blocks: list[int]
-    zero_init_residual: bool
-    bn_momentum: float
-    bn_epsilon: float
-
-    def check(self) -> str | None:
-        if not 0 < self.width <= 16 or len(self.blocks) != 4:
-            return f"width must be in (0, 16] and blocks four counts, got {self.width}"
-        if not 0 < self.bn_momentum < 1 or not 0 < self.bn_epsilon <= 1:
-            return "bn_momentum must be in (0, 1) and bn_epsilon in (0, 1]"
-        return config.out_of_range(self, blocks=(1, 100))
 
 
 class ImageClassification:
@@ -79,8 +29,8 @@ class ImageClassification:
     quality_metric = "top1_accuracy"
 
     def __init__(self, preset: dict, data_dir: str | None):
-        self.data = section(DataConfig, preset.get("data"), "data")
-        self.model_config = section(ModelConfig, preset.get("model"), "model")
+        self.data, self.model_config = data_and_model(self.name, preset)
+        self.kernels = resolve(self.model_config.kernels)  # as L7 records it
         self.data_dir = data_dir
         if self.data.source == "imagenet":
             if data_dir is None:
@@ -168,15 +118,11 @@ class ImageClassification:
         return self.data.source != "random"
 
     def build_model(self) -> keras.Model:
-        m = self.model_config
+        model = self.model_config  # its fields are the model's arguments, by name
         return resnet.resnet50_v15(
             image_size=self.data.image_size,
             num_classes=self.data.num_classes,
-            width=m.width,
-            blocks=tuple(m.blocks),
-            bn_momentum=m.bn_momentum,
-            bn_epsilon=m.bn_epsilon,
-            zero_init_residual=m.zero_init_residual,
+            **{**dataclasses.asdict(model), "blocks": tuple(model.blocks)},
         )
 
     def input_shape(self) -> tuple[int, int, int]:

@@ -1,0 +1,290 @@
+"""The kernels the models run on: stock Keras layers, or CPU workarounds with the same maths.
+
+The config key `model.kernels` chooses:
+
+- "auto": the CPU workarounds when TensorFlow sees no GPU, the stock layers when it sees one
+  (the workarounds were measured on CPU only);
+- "stock": plain `keras.layers.Conv2D`, `BatchNormalization` and `ReLU`.
+
+The CPU workarounds, each with the measurements that justify it (on this project's CPU):
+
+- `Conv2D` takes the filter gradient of 1x1, stride-1 convolutions from one matrix product:
+  TensorFlow's oneDNN matmul computes it 1.5-3.7x faster than its Conv2DBackpropFilter at
+  ResNet-50's 1x1 shapes in bfloat16 (2.8x over the whole model), and as fast in float32
+  (`benchmarks/filter_gradient.py`). It also keeps strided bfloat16 convolutions over
+  one-column inputs off oneDNN's filter gradient, which returns garbage there (up to 1e38, NaN;
+  `tests/test_kernels.py` and the mixed-precision tiny run in `tests/test_train.py`).
+- `ReLU` computes the bfloat16 ReLU as an int16 max over the bits: 4.5 ms instead of
+  TensorFlow's 21 ms at 32x56x56x256, 4.3 % of the bfloat16 ResNet-50 train step at batch 32.
+  It zeroes NaNs with the sign bit set; `finiteness_variables` and `finiteness_term` give the
+  train step what it needs to see them anyway.
+- `FusedBatchNorm` runs TensorFlow's fused batch-norm kernel: one pass, bfloat16 or float16
+  activations with float32 statistics, where Keras 3 computes moments and normalisation as
+  separate ops with casts around them under mixed precision.
+
+A model asks `layer_set(choice)` for its layer classes, each called with Keras' own arguments;
+the record's L7 names what ran as `resolve(choice)` gives it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+from keras import layers
+
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.workloads.settings import KERNEL_CHOICES
+
+AUTO, STOCK = KERNEL_CHOICES  # the values of `model.kernels` (checked with the config)
+CPU_WORKAROUNDS = "cpu-workarounds"
+
+
+def resolve(choice: str) -> str:
+    """The kernels a choice runs: "cpu-workarounds" or "stock".
+
+    "auto" gives the workarounds when TensorFlow sees no GPU. A resolved name is returned as
+    it is, so that tests and benchmarks can ask for the workarounds on any device."""
+    if choice == AUTO:
+        return STOCK if tf.config.list_physical_devices("GPU") else CPU_WORKAROUNDS
+    if choice in (STOCK, CPU_WORKAROUNDS):
+        return choice
+    raise UserError(f"unknown kernels '{choice}' (known: {', '.join(KERNEL_CHOICES)})")
+
+
+# ------------------------------------------------------------------ convolution
+
+
+@tf.custom_gradient
+def _pointwise_conv(inputs, kernel):
+    """A 1x1, stride-1 convolution whose filter gradient is one matrix product.
+
+    Over all batch and spatial positions, inputs^T x upstream gradient is exactly the filter
+    gradient. TensorFlow's oneDNN matmul computes it 1.5-3.7x faster than its
+    Conv2DBackpropFilter at ResNet-50's 1x1 shapes in bfloat16 (2.8x over the whole model),
+    and as fast in float32 (`benchmarks/filter_gradient.py`). The forward pass and the input
+    gradient stay the native convolution kernels, which run as fast as a matmul would.
+    """
+    outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="VALID")
+
+    def gradient(upstream):
+        input_gradient = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.shape(inputs),
+            filter=kernel,
+            out_backprop=upstream,
+            strides=[1, 1, 1, 1],
+            padding="VALID",
+        )
+        return input_gradient, pointwise_filter_gradient(inputs, upstream)
+
+    return outputs, gradient
+
+
+def pointwise_filter_gradient(inputs, upstream):
+    """d loss / d kernel of a 1x1, stride-1 convolution: a [1, 1, cin, cout] tensor."""
+    in_channels, out_channels = inputs.shape[-1], upstream.shape[-1]
+    kernel_gradient = tf.matmul(
+        tf.reshape(inputs, [-1, in_channels]),
+        tf.reshape(upstream, [-1, out_channels]),
+        transpose_a=True,
+    )
+    return tf.reshape(kernel_gradient, [1, 1, in_channels, out_channels])
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class Conv2D(layers.Conv2D):
+    """Keras Conv2D that sends 1x1, stride-1, bias-free kernels through `_pointwise_conv`,
+    and strided bfloat16 kernels over one-column inputs through their centre column (below);
+    every other convolution is the stock layer."""
+
+    def call(self, inputs):
+        if self.use_bias or self.padding != "same" or self.dilation_rate != (1, 1):
+            return super().call(inputs)
+        if self.kernel_size == (1, 1) and self.strides == (1, 1):
+            return _pointwise_conv(inputs, tf.cast(self.kernel, inputs.dtype))
+        if inputs.dtype == tf.bfloat16 and inputs.shape[2] == 1 and self.strides[1] > 1:
+            # TensorFlow's oneDNN bfloat16 filter gradient returns garbage (up to 1e38, NaN)
+            # for a strided kernel wider than one column over a one-column input (the last
+            # stage of tiny presets). Only the centre column meets the input there, the others
+            # meet padding, so the convolution is exactly that column's, whose gradient is
+            # right; the other columns' gradient is 0, as it should be.
+            centre = (self.kernel_size[1] - 1) // 2
+            kernel = self.kernel[:, centre : centre + 1]
+            return tf.nn.conv2d(inputs, tf.cast(kernel, inputs.dtype), self.strides, "SAME")
+        return super().call(inputs)
+
+
+# ------------------------------------------------------------------ ReLU
+
+
+@tf.custom_gradient
+def _relu_bfloat16(inputs):
+    """max(x, 0) on bfloat16 computed as an int16 max over the bits.
+
+    Non-negative bfloat16 values order like their int16 bits and negative ones have negative
+    bits, so the integer max is the ReLU, except that a NaN with the sign bit set becomes 0
+    (positive NaNs pass). TensorFlow's bfloat16 Relu kernel takes 21 ms at 32x56x56x256 here;
+    this takes 4.5 ms (4.3 % on the bf16 ResNet-50 train step, batch 32). The gradient is
+    TensorFlow's ReluGrad on the outputs, as for its Relu. A NaN hidden here still ends the
+    run: the batch norm before it turns it into NaN gradients, hence NaN weights, which
+    `finiteness_term` carries into the loss the run checks.
+    """
+    bits = tf.maximum(tf.bitcast(inputs, tf.int16), tf.constant(0, tf.int16))
+    outputs = tf.bitcast(bits, tf.bfloat16)
+
+    def gradient(upstream):
+        return tf.raw_ops.ReluGrad(gradients=upstream, features=outputs)
+
+    return outputs, gradient
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class ReLU(layers.ReLU):
+    """Keras ReLU that takes `_relu_bfloat16` for plain bfloat16 ReLUs (no cap, slope or
+    threshold); every other case is the stock layer."""
+
+    def call(self, inputs):
+        plain = self.max_value is None and not self.negative_slope and not self.threshold
+        if inputs.dtype == tf.bfloat16 and plain:
+            return _relu_bfloat16(inputs)
+        return super().call(inputs)
+
+
+# ------------------------------------------------------------------ batch normalisation
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class FusedBatchNorm(layers.Layer):
+    """Batch normalisation over the channels of NHWC tensors with TensorFlow's fused kernel.
+
+    Keras 3's BatchNormalization computes moments and the normalisation as separate ops (in
+    float32, with casts around them under mixed precision); the fused kernel does it in one
+    pass and takes bfloat16/float16 activations with float32 statistics directly.
+    Moving statistics: moving = momentum * moving + (1 - momentum) * batch, as in Keras, except
+    that the fused kernel's batch variance is the unbiased one (n / (n - 1) times Keras').
+    """
+
+    def __init__(
+        self, momentum: float = 0.9, epsilon: float = 1e-5, gamma_initializer="ones", **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.gamma_initializer = keras.initializers.get(gamma_initializer)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        self.gamma = self.add_weight(
+            shape=(channels,), initializer=self.gamma_initializer, name="gamma", autocast=False
+        )
+        self.beta = self.add_weight(
+            shape=(channels,), initializer="zeros", name="beta", autocast=False
+        )
+        self.moving_mean = self.add_weight(
+            shape=(channels,),
+            initializer="zeros",
+            name="moving_mean",
+            trainable=False,
+            autocast=False,
+        )
+        self.moving_variance = self.add_weight(
+            shape=(channels,),
+            initializer="ones",
+            name="moving_variance",
+            trainable=False,
+            autocast=False,
+        )
+
+    def call(self, inputs, training=False):
+        if training:
+            outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+                inputs, self.gamma, self.beta, epsilon=self.epsilon, is_training=True
+            )
+            decay = 1.0 - self.momentum
+            self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
+            self.moving_variance.assign_sub((self.moving_variance - variance) * decay)
+            return outputs
+        outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            self.gamma,
+            self.beta,
+            mean=self.moving_mean,
+            variance=self.moving_variance,
+            epsilon=self.epsilon,
+            is_training=False,
+        )
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
+            "gamma_initializer": keras.initializers.serialize(self.gamma_initializer),
+        }
+
+
+# ------------------------------------------------------------------ what a model builds with
+
+
+class LayerSet(NamedTuple):
+    """The layer classes a model builds with; each takes the Keras layer's own arguments.
+
+    `relu` follows a batch norm, `residual_relu` a residual add. They differ in the CPU set:
+    TensorFlow's graph optimiser fuses a ReLU after a batch norm into the batch-norm kernel, so
+    only the ReLU after the add gains from the bfloat16-bit one."""
+
+    name: str  # what `resolve` gives: "cpu-workarounds" or "stock"
+    conv: type[layers.Conv2D]
+    batch_norm: type[layers.Layer]  # momentum, epsilon, gamma_initializer, name
+    relu: type[layers.ReLU]
+    residual_relu: type[layers.ReLU]
+
+
+_LAYER_SETS = {
+    CPU_WORKAROUNDS: LayerSet(CPU_WORKAROUNDS, Conv2D, FusedBatchNorm, layers.ReLU, ReLU),
+    STOCK: LayerSet(STOCK, layers.Conv2D, layers.BatchNormalization, layers.ReLU, layers.ReLU),
+}
+
+
+def layer_set(choice: str) -> LayerSet:
+    """The layer classes of `resolve(choice)`."""
+    return _LAYER_SETS[resolve(choice)]
+
+
+# ------------------------------------------------------------------ finiteness
+
+
+def _all_layers(layer):
+    yield layer
+    for inner in getattr(layer, "layers", ()):
+        yield from _all_layers(inner)
+
+
+def finiteness_variables(model: keras.Model, covered=()) -> list:
+    """The trainable variables whose finiteness the loss must carry for this model's kernels.
+
+    None unless the model holds a bfloat16-bit `ReLU`, which can hide a NaN from the forward
+    pass; then every trainable variable but those in `covered` (those whose finiteness the
+    loss already carries, e.g. through weight decay). Decided by the layer's presence, not its
+    precision: the term costs one sum per variable and step, and a float32 run on the
+    workarounds keeps the guarantee `tests/test_train.py` pins for the tiny preset."""
+    if not any(isinstance(layer, ReLU) for layer in _all_layers(model)):
+        return []
+    covered_ids = {id(variable) for variable in covered}
+    return [v for v in model.trainable_variables if id(v) not in covered_ids]
+
+
+def finiteness_term(variables: list):
+    """0, or NaN once any of `variables` is NaN or Inf: a term to add to the loss.
+
+    A NaN the bfloat16 ReLU zeroes still turns the gradients of the batch norm before it, and
+    so the weights, into NaN; the loss then shows it one step later."""
+    if not variables:
+        return 0.0
+    total = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in variables])
+    return 0.0 * total

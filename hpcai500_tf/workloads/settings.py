@@ -1,0 +1,186 @@
+"""The `[data]` and `[model]` sections of each benchmark's run config, checked in pure Python
+(no TensorFlow), so that every value of a run config is refused or accepted before TensorFlow
+starts. The workloads build their data and models from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpcai500_tf import config
+from hpcai500_tf.errors import UserError
+
+KERNEL_CHOICES = ("auto", "stock")  # `model.kernels`; see models/kernels.py
+
+IMAGE_CLASSIFICATION_DATASETS = {
+    "imagenet": "imagenet-1k",
+    "procedural": "procedural-gratings",
+    "random": "random (quality not measured)",
+}
+
+EXTREME_WEATHER_DATASETS = {
+    "hdf5": "extremeweather",
+    "synthetic": "synthetic-extremeweather",
+    "random": "random (quality not measured)",
+}
+
+
+@dataclass(frozen=True)
+class ImageClassificationData:
+    """`[data]` of image_classification: where images come from and how many."""
+
+    source: str
+    image_size: int
+    num_classes: int
+    label_offset: int
+    train_examples: int
+    eval_examples: int
+    shuffle_buffer: int
+    noise: float
+
+    def check(self) -> str | None:
+        if self.source not in IMAGE_CLASSIFICATION_DATASETS:
+            known = ", ".join(IMAGE_CLASSIFICATION_DATASETS)
+            return f"source must be one of {known}, got '{self.source}'"
+        problem = config.out_of_range(
+            self,
+            image_size=(16, 4096),
+            num_classes=(2, 100_000),
+            label_offset=(0, 100_000),
+            train_examples=(0, config.INT32_MAX),
+            eval_examples=(0, config.INT32_MAX),
+            shuffle_buffer=(1, 10_000_000),
+            noise=(0, 100),
+        )
+        if problem:
+            return problem
+        if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
+            return "generated data needs train_examples and eval_examples > 0"
+        return None
+
+
+@dataclass(frozen=True)
+class ImageClassificationModel:
+    """`[model]` of image_classification: the ResNet-50 v1.5's size and kernels."""
+
+    width: float
+    blocks: list[int]
+    zero_init_residual: bool
+    bn_momentum: float
+    bn_epsilon: float
+    kernels: str  # auto | stock (models/kernels.py)
+
+    def check(self) -> str | None:
+        if problem := _backbone_problem(self):
+            return problem
+        return config.out_of_range(self, blocks=(1, 100))
+
+
+@dataclass(frozen=True)
+class ExtremeWeatherData:
+    """`[data]` of extreme_weather: which years, downsampling, synthetic sizes."""
+
+    source: str  # hdf5 | synthetic | random (throughput only, no files)
+    train_years: list[int]
+    eval_years: list[int]
+    downsample: int  # average f x f pixel blocks (boxes scaled with them)
+    synthetic_samples: int  # per year file (synthetic and random)
+    synthetic_height: int  # synthetic and random images, before downsampling
+    synthetic_width: int
+
+    def check(self) -> str | None:
+        if self.source not in EXTREME_WEATHER_DATASETS:
+            return (
+                f"source must be one of {', '.join(EXTREME_WEATHER_DATASETS)}, got '{self.source}'"
+            )
+        if not self.train_years or not self.eval_years:
+            return "train_years and eval_years must name at least one year each"
+        if set(self.train_years) & set(self.eval_years):
+            return "a year cannot be in both train_years and eval_years"
+        problem = config.out_of_range(
+            self,
+            train_years=(1, 9999),
+            eval_years=(1, 9999),
+            downsample=(1, 64),
+            synthetic_samples=(0, 1_000_000),
+            synthetic_height=(1, 16_384),
+            synthetic_width=(1, 16_384),
+        )
+        if problem:
+            return problem
+        if self.source != "hdf5" and min(self.synthetic_height, self.synthetic_width) < 32:
+            return "synthetic and random images need height and width >= 32"
+        if self.source == "synthetic" and self.synthetic_samples < 1:
+            return "synthetic data need synthetic_samples >= 1"
+        return None
+
+
+@dataclass(frozen=True)
+class ExtremeWeatherModel:
+    """`[model]` of extreme_weather: backbone, anchors, proposals, head, kernels."""
+
+    width: float
+    blocks: list[int]
+    feature_stage: int  # 3 (stride 8) or 4 (stride 16, the C4 model)
+    anchor_sizes: list[float]  # pixels of the (downsampled) input
+    anchor_ratios: list[float]  # height / width
+    pre_nms: int
+    proposals_train: int
+    proposals_eval: int
+    rpn_batch: int
+    roi_batch: int
+    head_units: int
+    max_detections: int
+    bn_momentum: float
+    bn_epsilon: float
+    kernels: str  # auto | stock (models/kernels.py)
+
+    def check(self) -> str | None:
+        if problem := _backbone_problem(self):
+            return problem
+        if self.feature_stage not in (3, 4):
+            return f"feature_stage must be 3 or 4, got {self.feature_stage}"
+        if not self.anchor_sizes or not self.anchor_ratios:
+            return "anchor_sizes and anchor_ratios must not be empty"
+        if min(self.anchor_sizes) <= 0 or min(self.anchor_ratios) <= 0:
+            return "anchor sizes and ratios must be > 0"
+        return config.out_of_range(
+            self,
+            blocks=(1, 100),
+            anchor_sizes=(0, 16_384),
+            anchor_ratios=(0, 100),
+            pre_nms=(1, 100_000),
+            proposals_train=(1, 100_000),
+            proposals_eval=(1, 100_000),
+            rpn_batch=(1, 100_000),
+            roi_batch=(4, 100_000),
+            head_units=(1, 65_536),
+            max_detections=(1, 10_000),
+        )
+
+
+def _backbone_problem(model) -> str | None:
+    """What is wrong with the ResNet backbone settings both models share, or None."""
+    if model.kernels not in KERNEL_CHOICES:
+        return f"kernels must be {' or '.join(KERNEL_CHOICES)}, got '{model.kernels}'"
+    if not 0 < model.width <= 16 or len(model.blocks) != 4:
+        return f"width must be in (0, 16] and blocks four counts, got {model.width}"
+    if not 0 < model.bn_momentum < 1 or not 0 < model.bn_epsilon <= 1:
+        return "bn_momentum must be in (0, 1) and bn_epsilon in (0, 1]"
+    return None
+
+
+SECTIONS = {
+    "image_classification": (ImageClassificationData, ImageClassificationModel),
+    "extreme_weather": (ExtremeWeatherData, ExtremeWeatherModel),
+}
+
+
+def data_and_model(benchmark_name: str, run_config: dict):
+    """The checked `[data]` and `[model]` sections of a benchmark's run config."""
+    if benchmark_name not in SECTIONS:
+        raise UserError(f"benchmark '{benchmark_name}' has no training workload yet")
+    data_class, model_class = SECTIONS[benchmark_name]
+    return (
+        config.section(data_class, run_config.get("data"), "data"),
+        config.section(model_class, run_config.get("model"), "model"),
+    )

@@ -1,0 +1,250 @@
+"""models/kernels.py: the CPU workarounds compute what the stock Keras layers compute, the
+`model.kernels` switch resolves and is validated, and L7 records what ran."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hpcai500_tf import benchmark_layers, config
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.models import kernels, resnet
+from hpcai500_tf.workloads import build_workload
+
+
+@pytest.fixture
+def float32_policy():
+    """Layers built in float32 whatever an earlier test left as Keras' global policy."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy(previous)
+
+
+def _tiny_resnet(kernel_choice: str) -> keras.Model:
+    return resnet.resnet50_v15(
+        image_size=32,
+        num_classes=10,
+        width=0.125,
+        blocks=(1, 1, 1, 1),
+        zero_init_residual=False,
+        kernels=kernel_choice,
+    )
+
+
+def _twin_resnets() -> tuple[keras.Model, keras.Model]:
+    """A tiny ResNet on the CPU workarounds and one on stock layers, with the same weights:
+    random batch-norm scales, shifts and moving statistics, so that each path matters, and
+    logits of order 10 (not 0.1), so that the tolerances below are tight."""
+    workarounds, stock = _tiny_resnet("cpu-workarounds"), _tiny_resnet("stock")
+    for index, variable in enumerate(workarounds.weights):
+        seed = [index, 1]
+        if variable.path == "logits/kernel":
+            variable.assign(tf.random.stateless_normal(variable.shape, seed))
+        elif variable.path.endswith("moving_variance"):
+            variable.assign(tf.random.stateless_uniform(variable.shape, seed, 0.5, 2.0))
+        elif variable.path.endswith(("gamma", "beta", "moving_mean")):
+            variable.assign(tf.random.stateless_normal(variable.shape, seed, stddev=0.5))
+    stock_weights = {variable.path: variable for variable in stock.weights}
+    assert sorted(stock_weights) == sorted(v.path for v in workarounds.weights)
+    for variable in workarounds.weights:
+        stock_weights[variable.path].assign(variable)
+    return workarounds, stock
+
+
+def test_stock_and_cpu_workarounds_give_the_same_logits_and_gradients(float32_policy):
+    workarounds, stock = _twin_resnets()
+    workaround_classes = {kernels.Conv2D, kernels.FusedBatchNorm, kernels.ReLU}
+    assert workaround_classes <= {type(layer) for layer in workarounds.layers}
+    assert not workaround_classes & {type(layer) for layer in stock.layers}
+    assert resnet.analytical_forward_flops(workarounds) == resnet.analytical_forward_flops(stock)
+    images = tf.random.stateless_normal([8, 32, 32, 3], [2, 3])
+    np.testing.assert_allclose(
+        workarounds(images, training=False), stock(images, training=False), atol=1e-4, rtol=1e-4
+    )
+    gradients = []
+    for model in (workarounds, stock):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.reduce_sum(logits * tf.sin(logits))
+        gradients.append(tape.gradient(loss, model.trainable_variables))
+        if model is workarounds:
+            expected_logits = logits
+    np.testing.assert_allclose(expected_logits, logits, atol=1e-4, rtol=1e-4)
+    for variable, ours, theirs in zip(workarounds.trainable_variables, *gradients, strict=True):
+        scale = max(float(tf.norm(theirs)), 1e-6)
+        assert float(tf.norm(ours - theirs)) / scale < 1e-3, variable.path
+
+
+def test_auto_resolves_to_the_workarounds_on_a_cpu_only_machine(monkeypatch):
+    sees_gpu = bool(tf.config.list_physical_devices("GPU"))
+    assert kernels.resolve("auto") == ("stock" if sees_gpu else "cpu-workarounds")
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    assert kernels.resolve("auto") == "cpu-workarounds"
+    assert kernels.layer_set("auto").batch_norm is kernels.FusedBatchNorm
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    assert kernels.resolve("auto") == "stock"
+    assert kernels.resolve("stock") == "stock"
+    assert kernels.layer_set("stock") == (
+        "stock", keras.layers.Conv2D, keras.layers.BatchNormalization, keras.layers.ReLU,
+        keras.layers.ReLU,
+    )  # fmt: skip
+
+
+def test_an_unknown_kernels_value_is_refused_in_one_line_naming_it():
+    with pytest.raises(UserError, match="unknown kernels 'fast'") as error:
+        kernels.resolve("fast")
+    assert "\n" not in str(error.value)
+    for benchmark in ("image_classification", "extreme_weather"):
+        with pytest.raises(UserError) as error:  # with the config, before TensorFlow works
+            config.prepare(benchmark, "tiny", ["model.kernels=fast"])
+        message = str(error.value)
+        assert "\n" not in message and "kernels" in message, message
+        assert "must be auto or stock, got 'fast'" in message, message
+
+
+@pytest.mark.parametrize("choice", ["auto", "stock"])
+def test_l7_records_the_kernels_that_ran(choice):
+    setup = config.prepare("image_classification", "tiny", [f"model.kernels={choice}"])
+    workload = build_workload("image_classification", setup.config, None)
+    layers = benchmark_layers.run_layers(
+        setup,
+        workload,
+        workers=1,
+        replicas=1,
+        global_batch=32,
+        precision="float32",
+        intra_op_threads=1,
+    )
+    assert layers["L7"]["kernels"] == kernels.resolve(choice)
+    assert layers["L7"]["kernels"] != "auto"
+
+
+def test_only_a_model_with_the_bfloat16_relu_asks_for_the_finiteness_term(float32_policy):
+    workarounds, stock = _tiny_resnet("cpu-workarounds"), _tiny_resnet("stock")
+    assert kernels.finiteness_variables(stock) == []
+    assert kernels.finiteness_term([]) == 0.0
+    checked = kernels.finiteness_variables(workarounds)
+    assert [v.path for v in checked] == [v.path for v in workarounds.trainable_variables]
+    covered = workarounds.trainable_variables[:3]
+    assert kernels.finiteness_variables(workarounds, covered) == checked[3:]
+    assert float(kernels.finiteness_term(checked)) == 0.0
+    checked[-1].assign(tf.fill(checked[-1].shape, float("nan")))
+    assert np.isnan(float(kernels.finiteness_term(checked)))
+
+
+# ------------------------------------------------------------------ each workaround alone
+
+
+def test_fused_batch_norm_matches_keras_batch_norm():
+    x = tf.random.stateless_normal([8, 5, 5, 6], [1, 2]) * 3 + 1
+    fused = kernels.FusedBatchNorm(momentum=0.9, epsilon=1e-5)
+    reference = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+    fused.build(x.shape)
+    reference.build(x.shape)
+    np.testing.assert_allclose(fused(x, training=True), reference(x, training=True), atol=1e-4)
+    # Moving statistics move the same way (TF's fused kernel returns the unbiased variance).
+    np.testing.assert_allclose(fused.moving_mean, reference.moving_mean, atol=1e-5)
+    n = 8 * 5 * 5
+    np.testing.assert_allclose(
+        (np.asarray(fused.moving_variance) - 0.9) / 0.1 * (n - 1) / n,
+        (np.asarray(reference.moving_variance) - 0.9) / 0.1,
+        rtol=1e-4,
+    )
+    np.testing.assert_allclose(fused(x, training=False), reference(x, training=False), atol=1e-2)
+
+
+def test_fused_batch_norm_takes_bfloat16_activations():
+    layer = kernels.FusedBatchNorm(dtype="mixed_bfloat16")
+    y = layer(tf.cast(tf.random.normal([4, 3, 3, 2]), tf.bfloat16), training=True)
+    assert y.dtype == tf.bfloat16 and layer.gamma.dtype == "float32"
+
+
+@pytest.mark.parametrize("kernel,strides", [(1, 1), (1, 2), (3, 1), (3, 2)])
+def test_conv_layer_gives_keras_outputs_and_gradients(kernel, strides):
+    """1x1 stride-1 layers take their filter gradient from a matmul; all must match Keras."""
+    x = tf.random.stateless_normal([3, 7, 6, 5], [3, 4])
+    ours = kernels.Conv2D(4, kernel, strides=strides, padding="same", use_bias=False)
+    stock = keras.layers.Conv2D(4, kernel, strides=strides, padding="same", use_bias=False)
+    ours.build(x.shape)
+    stock.build(x.shape)
+    stock.kernel.assign(ours.kernel)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        y_ours, y_stock = ours(x), stock(x)
+        loss_ours = tf.reduce_sum(y_ours * tf.sin(y_ours))
+        loss_stock = tf.reduce_sum(y_stock * tf.sin(y_stock))
+    np.testing.assert_allclose(y_ours, y_stock, atol=1e-5)
+    for mine, theirs in zip(
+        tape.gradient(loss_ours, [x, ours.kernel]),
+        tape.gradient(loss_stock, [x, stock.kernel]),
+        strict=True,
+    ):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_conv_trains_in_bfloat16():
+    """The matmul filter gradient in bfloat16 is within bfloat16 rounding of the exact one:
+    5 % of the sum of the products' magnitudes (up to 2.1 % seen over 200 random kernels;
+    a gradient off by a factor of 2 is at least 46 % off somewhere)."""
+    initializer = keras.initializers.GlorotUniform(seed=11)
+    layer = kernels.Conv2D(
+        6, 1, use_bias=False, kernel_initializer=initializer, dtype="mixed_bfloat16"
+    )
+    x = tf.cast(tf.random.stateless_normal([2, 4, 4, 3], [5, 6]), tf.bfloat16)
+    with tf.GradientTape() as tape:
+        y = layer(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+    (gradient,) = tape.gradient(loss, [layer.kernel])
+    inputs, upstream = tf.cast(x, tf.float32), 2 * tf.cast(y, tf.float32)
+    expected = tf.einsum("bhwi,bhwo->io", inputs, upstream)
+    magnitude = tf.einsum("bhwi,bhwo->io", tf.abs(inputs), tf.abs(upstream))
+    assert y.dtype == tf.bfloat16 and gradient.dtype == tf.float32
+    assert np.all(np.abs(gradient[0, 0] - expected) <= 0.05 * magnitude)
+
+
+def test_bfloat16_relu_matches_tensorflow_relu_and_its_gradient():
+    special = [np.inf, -np.inf, np.nan, 0.0, -0.0, 3e38, -3e38]
+    x = tf.cast(
+        tf.concat([tf.random.stateless_normal([200], [7, 8]) * 10, tf.constant(special)], 0),
+        tf.bfloat16,
+    )
+    upstream = tf.cast(tf.random.stateless_normal(x.shape, [9, 10]), tf.bfloat16)
+    layer = kernels.ReLU(dtype="mixed_bfloat16")
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        ours, stock = layer(x), tf.nn.relu(x)
+    assert ours.dtype == tf.bfloat16
+    np.testing.assert_array_equal(tf.cast(ours, tf.float32), tf.cast(stock, tf.float32))
+    np.testing.assert_array_equal(
+        tf.cast(tape.gradient(ours, x, upstream), tf.float32),
+        tf.cast(tape.gradient(stock, x, upstream), tf.float32),
+    )
+    # Subnormals: TensorFlow's kernel treats them as 0 (it passes -1e-40, zeroes 1e-40);
+    # the bit max is the exact ReLU.
+    tiny = tf.cast(tf.constant([1e-40, -1e-40]), tf.bfloat16)
+    assert tf.cast(layer(tiny), tf.float32).numpy().tolist() == [float(tiny[0]), 0.0]
+    capped = kernels.ReLU(max_value=6.0, dtype="mixed_bfloat16")(x)  # not plain: the stock layer
+    assert float(tf.reduce_max(tf.boolean_mask(capped, tf.math.is_finite(capped)))) == 6.0
+
+
+@pytest.mark.parametrize("height,kernel", [(1, 3), (2, 3), (3, 7)])
+def test_strided_bfloat16_conv_over_one_column_has_a_finite_right_gradient(height, kernel):
+    """oneDNN's bfloat16 filter gradient is garbage at these shapes; the layer avoids it."""
+    x = tf.random.stateless_normal([32, height, 1, 16], [1, 2])
+    ours = kernels.Conv2D(16, kernel, strides=2, padding="same", use_bias=False)
+    ours_bf16 = kernels.Conv2D(
+        16, kernel, strides=2, padding="same", use_bias=False, dtype="mixed_bfloat16"
+    )
+    ours.build(x.shape)
+    ours_bf16.build(x.shape)
+    ours_bf16.kernel.assign(ours.kernel)
+    with tf.GradientTape() as tape:
+        expected = tf.reduce_sum(keras.ops.sin(ours(x)))
+    (expected_gradient,) = tape.gradient(expected, [ours.kernel])
+    for _ in range(10):  # the garbage comes and goes from call to call
+        with tf.GradientTape() as tape:
+            y = ours_bf16(tf.cast(x, tf.bfloat16))
+            loss = tf.reduce_sum(keras.ops.sin(tf.cast(y, tf.float32)))
+        (gradient,) = tape.gradient(loss, [ours_bf16.kernel])
+        np.testing.assert_allclose(gradient, expected_gradient, rtol=0.05, atol=0.3)
