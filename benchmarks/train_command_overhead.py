@@ -1,5 +1,6 @@
-"""The full `train` command (live view, MLPerf log, loss checks, a checkpoint every epoch)
-against a bare loop over the same engine's train step, on the same data and steps.
+"""The full `train` command (live view, TensorBoard scalars, MLPerf log, loss checks, a
+checkpoint every epoch) against a bare loop over the same engine's train step, on the same data
+and steps (`--no-tensorboard`: the command without TensorBoard).
 
 Random data keeps evaluation out of both (a throughput-only run evaluates nothing), so the
 difference is the command's own cost. Each measurement runs in its own process; each round
@@ -9,7 +10,7 @@ two runs are neighbours in time, so that ratio is the one least moved by drift o
 machine).
 
     python benchmarks/train_command_overhead.py [--preset smoke] [--epochs 3] [--rounds 3]
-        [--set data.train_examples=16384]
+        [--set data.train_examples=16384] [--no-tensorboard]
 
 A checkpoint costs ~0.03-0.1 s here (written by a traced function), so on the smoke
 preset's 4-second epochs it shows as about one percent; longer epochs amortise it.
@@ -36,7 +37,7 @@ def overrides(epochs: int, extra: list[str]) -> list[str]:
     ]
 
 
-def measure_full(preset: str, epochs: int, extra: list[str]) -> float:
+def measure_full(preset: str, epochs: int, extra: list[str], tensorboard: bool = True) -> float:
     from hpcai500_tf.config import prepare
     from hpcai500_tf.engine import run
     from hpcai500_tf.report.live import LiveView
@@ -45,7 +46,7 @@ def measure_full(preset: str, epochs: int, extra: list[str]) -> float:
     view = LiveView()
     with tempfile.TemporaryDirectory() as out:
         try:
-            record, _ = run.run_benchmark(setup, None, out, view=view)
+            record, _ = run.run_benchmark(setup, None, out, view=view, tensorboard=tensorboard)
         finally:
             view.close()
     seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
@@ -80,13 +81,15 @@ def main() -> None:
         metavar="SECTION.KEY=VALUE",
         help="config overrides for both sides, e.g. data.train_examples=16384",
     )
+    parser.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--one", choices=("full", "bare"))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.one:
-        rate = (measure_full if args.one == "full" else measure_bare)(
-            args.preset, args.epochs, args.set
-        )
+        if args.one == "full":
+            rate = measure_full(args.preset, args.epochs, args.set, args.tensorboard)
+        else:
+            rate = measure_bare(args.preset, args.epochs, args.set)
         print(json.dumps({"examples_per_s": rate}))
         return
     rates = {"full": [], "bare": []}
@@ -104,6 +107,7 @@ def main() -> None:
                     "--epochs",
                     str(args.epochs),
                     *(f"--set={s}" for s in args.set),
+                    "--tensorboard" if args.tensorboard else "--no-tensorboard",
                 ],
                 capture_output=True,
                 text=True,
@@ -114,7 +118,7 @@ def main() -> None:
     full, bare = statistics.median(rates["full"]), statistics.median(rates["bare"])
     print(
         f"preset {args.preset} {' '.join(args.set)}, {args.epochs} epochs of random data, "
-        f"median of {args.rounds}"
+        f"median of {args.rounds}, TensorBoard {'on' if args.tensorboard else 'off'}"
     )
     print(
         f"  full train command {full:8.1f} examples/s   (runs: "

@@ -124,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         record, path = run.run_benchmark(
             setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log,
-            args.run_dir,
+            args.run_dir, args.tensorboard, args.profile_steps,
         )  # fmt: skip
     finally:
         view.close()
@@ -276,6 +276,26 @@ def _roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_range(text: str) -> tuple[int, int]:
+    """`A-B` (or `A`): global train steps, counted from 1."""
+    first, _, last = text.partition("-")
+    try:
+        steps = int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A-B (train steps), got '{text}'") from None
+    if not 1 <= steps[0] <= steps[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= A <= B, got '{text}'")
+    return steps
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hpcai500_tf.report import pages
+
+    for page in pages.write_report(args.runs, args.out):
+        print(page)
+    return 0
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, reads_data: bool = True) -> None:
     parser.add_argument(
         "benchmark",
@@ -331,6 +351,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="start N worker processes on this machine (MultiWorkerMirroredStrategy)",
+    )
+    train.add_argument(
+        "--tensorboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write TensorBoard scalars and HParams to RUN_DIR/tensorboard/ (default on)",
+    )
+    train.add_argument(
+        "--profile-steps",
+        type=_step_range,
+        metavar="A-B",
+        help="trace global train steps A to B with the TensorFlow profiler (TensorBoard's "
+        "profile plugin); those steps run slower, and the record says so",
     )
     train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)
@@ -436,6 +469,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rank.add_argument("--json", action="store_true")
     rank.set_defaults(handler=_rank)
+
+    report = commands.add_parser(
+        "report", help="an HTML page per run (score, charts, layers) and a ranking page"
+    )
+    report.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories (or record files)"
+    )
+    report.add_argument(
+        "--out",
+        default="runs/report",
+        metavar="DIR",
+        help="a new or empty directory for the pages (default runs/report)",
+    )
+    report.set_defaults(handler=_report)
     return parser
 
 

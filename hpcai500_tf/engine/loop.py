@@ -85,6 +85,7 @@ class Engine:
         self.view = view
         self.replicas = strategy.num_replicas_in_sync
         self.saved_epochs: int | None = None  # epochs the last checkpoint holds
+        self.trace = None  # a profiler trace of chosen steps (report.tensorboard.StepTrace)
         self.global_batch = training.batch_per_replica * self.replicas
         self.steps_per_epoch = workload.train_examples // self.global_batch
         if self.steps_per_epoch < 1:
@@ -309,6 +310,8 @@ class Engine:
                     self.save(run_dir, snapshot)
         finally:
             progress.segments.append({"start": segment_start, "stop": time.time()})
+            if self.trace:
+                self.trace.stop()  # a run ended inside the traced steps
         return progress
 
     def _train_epoch(self, epoch, batches, progress, segment_start, log_every):
@@ -318,9 +321,14 @@ class Engine:
             self.view.epoch_start(epoch + 1, self.training.epochs, self.steps_per_epoch)
         epoch_start = time.time()
         loss = None
+        first_step = epoch * self.steps_per_epoch  # global steps before this epoch's
         for step in range(self.steps_per_epoch):
             images, labels = next(batches)
+            if self.trace:
+                self.trace.before(first_step + step + 1)
             loss = self.train_step(images, labels)
+            if self.trace:
+                self.trace.after(first_step + step + 1, loss)
             if (step + 1) % log_every == 0 or step + 1 == self.steps_per_epoch:
                 value = float(loss)  # reading back the value syncs the device
                 if not math.isfinite(value):

@@ -6,6 +6,8 @@ other TensorFlow op runs, then data and model.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -38,6 +40,9 @@ from hpcai500_tf.engine.run_record import (
 )
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
+from hpcai500_tf.report.live import Views
+from hpcai500_tf.report.tensorboard import DIRECTORY as TENSORBOARD_DIRECTORY
+from hpcai500_tf.report.tensorboard import StepTrace, TensorBoardView
 from hpcai500_tf.workloads import build_workload
 
 
@@ -135,6 +140,7 @@ class BenchmarkRun:
     finished: bool = False  # resumed after its last epoch: only the lost record is rebuilt
     flops: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    tensorboard: TensorBoardView | None = None  # the chief's, when on
 
     @property
     def chief(self) -> bool:
@@ -170,15 +176,21 @@ def run_benchmark(
     power_hz: float = 10.0,
     meter_log: str | None = None,
     run_dir: str | Path | None = None,
+    tensorboard: bool = True,
+    profile_steps: tuple[int, int] | None = None,
 ) -> tuple[dict | None, Path | None]:
     """Run the benchmark; returns (record, record path), or (None, None) on a worker other than
     the chief (worker 0 writes the one record of a multi-worker run).
 
     Power is sampled at `power_hz` during the timed run; `meter_log` names a node meter's log
     (see `energy.meter_log`), read when the run ends. `run_dir` is an empty directory made for
-    this run by the multi-worker launcher (otherwise one is made under `out_dir`)."""
+    this run by the multi-worker launcher (otherwise one is made under `out_dir`). The chief
+    writes TensorBoard scalars to RUN_DIR/tensorboard/ unless `tensorboard` is false, and a
+    profiler trace of the global train steps `profile_steps` (first, last) when asked."""
     init_start = time.time()
     run = prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start)
+    if run.chief:
+        watch_in_tensorboard(run, tensorboard, profile_steps)
     initialise(run, meter_log)
     outcome = timed_run(run, power_hz)
     return finish(run, outcome, power_hz, meter_log)
@@ -219,6 +231,30 @@ def prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start) -> 
         mllog.start("init_start", time_ms=init_start * 1000)
         log_setup(mllog, setup, engine.global_batch, engine.workload)
     return run
+
+
+def watch_in_tensorboard(run: BenchmarkRun, on: bool, profile_steps) -> None:
+    """TensorBoard scalars beside the live view, and a profiler trace of the steps asked for
+    (inside the timed run, after warm-up: those steps are slower, and the record says so)."""
+    log_dir = run.run_dir / TENSORBOARD_DIRECTORY
+    if profile_steps:
+        first, last = profile_steps
+        done = run.progress.epochs_done * run.engine.steps_per_epoch
+        total = run.setup.training.epochs * run.engine.steps_per_epoch
+        if not done < first <= last <= total:
+            raise UserError(
+                f"--profile-steps {first}-{last}: outside the steps this run trains "
+                f"({done + 1}-{total})"
+            )
+        run.engine.trace = StepTrace(log_dir, first, last)
+    if on and importlib.util.find_spec("tensorboard") is None:
+        run.warnings.append(
+            "TensorBoard scalars not written: the tensorboard package is not installed "
+            "(it comes with the cpu and cuda extras)"
+        )
+    elif on:
+        run.tensorboard = TensorBoardView(log_dir)
+        run.engine.view = Views(run.engine.view, run.tensorboard)
 
 
 def _record_lost(run: BenchmarkRun) -> bool:
@@ -345,13 +381,52 @@ def finish(
         "checkpoints": str(run_dir / "checkpoints"),
         "power_samples": str(run_dir / POWER_SAMPLES) if sampled else None,
     }
+    artifacts |= _tensorboard_artifacts(run)
+    layer_values = _layers(run.setup, run.engine)
     record = make_record(
-        run.setup, _layers(run.setup, run.engine), run.engine.workload, run.progress,
+        run.setup, layer_values, run.engine.workload, run.progress,
         run.flops, outcome.status, run.warnings, artifacts, energy,
     )  # fmt: skip
     path = run_dir / RECORD_FILE
     record_io.save(path, record, overwrite=run.resumed)
+    if run.tensorboard:
+        _finish_tensorboard(run, record, layer_values, outcome.sampler)
     return record, path
+
+
+def _tensorboard_artifacts(run: BenchmarkRun) -> dict:
+    """Where the run's TensorBoard scalars and profiler trace are; a trace is a warning too,
+    since the profiler slows the steps it traces."""
+    trace = run.engine.trace
+    files = [str(path) for path in trace.files()] if trace else []
+    if trace:
+        run.warnings.append(
+            f"train steps {trace.first}-{trace.last} were traced by the TensorFlow profiler, "
+            "which slows them: the time to quality includes that"
+            if files
+            else f"no profiler trace was written for train steps {trace.first}-{trace.last}"
+        )
+    tensorboard = run.tensorboard or trace
+    return {
+        "tensorboard": str(run.run_dir / TENSORBOARD_DIRECTORY) if tensorboard else None,
+        "profile_trace": files or None,
+    }
+
+
+def _finish_tensorboard(run: BenchmarkRun, record: dict, layer_values: dict, sampler) -> None:
+    """The run's layers (HParams), power and score in TensorBoard; never fatal."""
+    from hpcai500_tf import scoring
+
+    board = run.tensorboard
+    try:
+        board.run_layers(run.run_dir.name, layer_values)
+        if sampler and sampler.sources:
+            board.power(sampler)
+        if record["status"] == "completed" and record["quality"]["measured"]:
+            with contextlib.suppress(UserError):
+                board.score(run.progress.epochs_done, scoring.score(record, run.setup.benchmark))
+    finally:
+        board.close()
 
 
 def _write_traceback(run_dir: Path | None) -> str:

@@ -59,3 +59,17 @@ class LiveView:
     def close(self) -> None:
         if self.task is not None:
             self.progress.stop()
+
+
+class Views:
+    """Several views as one (e.g. the console and TensorBoard): each call goes to each."""
+
+    def __init__(self, *views):
+        self.views = [view for view in views if view is not None]
+
+    def __getattr__(self, name: str):
+        def call(*args, **kwargs):
+            for view in self.views:
+                getattr(view, name)(*args, **kwargs)
+
+        return call
