@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -29,29 +30,76 @@ _RELEVANT_ISA = (
     "amx_tile",
     "amx_bf16",
     "amx_int8",
+    "amx_fp16",
     "asimd",
     "sve",
 )
 
 
-def _cpuinfo() -> dict:
-    info = {"model": None, "flags": [], "sockets": None}
+CPUINFO = Path("/proc/cpuinfo")
+CPUFREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq")
+
+
+def _processor_blocks(text: str) -> list[dict[str, str]]:
+    """/proc/cpuinfo as one dict per logical processor (its first value of each key)."""
+    blocks = []
+    for chunk in text.split("\n\n"):
+        block: dict[str, str] = {}
+        for line in chunk.splitlines():
+            key, _, value = line.partition(":")
+            block.setdefault(key.strip(), value.strip())
+        if "processor" in block:
+            blocks.append(block)
+    return blocks
+
+
+def _integer(text: str | None) -> int | None:
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _clock(model_name: str | None, cpufreq: Path) -> tuple[float | None, str | None]:
+    """The highest clock the OS reports, in Hz, and where it comes from: cpufreq's maximum,
+    else the nominal clock in the model name ("@ 2.10GHz"). The current clock, which
+    /proc/cpuinfo also gives, changes from read to read: it is not a fact of L1."""
+    try:
+        return float((cpufreq / "cpuinfo_max_freq").read_text()) * 1e3, "cpufreq cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    found = re.search(r"@\s*([0-9.]+)\s*GHz", model_name or "")
+    if found:
+        return float(found.group(1)) * 1e9, "nominal, from the model name"
+    return None, None
+
+
+def cpu_facts(cpuinfo_text: str | None = None, cpufreq: Path = CPUFREQ) -> dict:
+    """The CPU part of L1 from /proc/cpuinfo (or `cpuinfo_text`) and cpufreq: plain values,
+    None where not reported. Physical cores are the distinct (physical id, core id) pairs,
+    counted only where every processor gives both."""
+    try:
+        text = CPUINFO.read_text() if cpuinfo_text is None else cpuinfo_text
     except OSError:
-        return info
-    physical_ids = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name" and info["model"] is None:
-            info["model"] = value
-        elif key in ("flags", "Features") and not info["flags"]:
-            info["flags"] = value.split()
-        elif key == "physical id":
-            physical_ids.add(value)
-    info["sockets"] = len(physical_ids) or None
-    return info
+        text = ""
+    blocks = _processor_blocks(text)
+    first = blocks[0] if blocks else {}
+    flags = (first.get("flags") or first.get("Features") or "").split()
+    cores = {(b.get("physical id"), b.get("core id")) for b in blocks}
+    physical = len(cores) if blocks and all(None not in pair for pair in cores) else None
+    sockets = {b["physical id"] for b in blocks if "physical id" in b}
+    clock, clock_source = _clock(first.get("model name"), cpufreq)
+    return {
+        "cpu_model": first.get("model name"),
+        "cpu_vendor": first.get("vendor_id"),
+        "cpu_family": _integer(first.get("cpu family")),
+        "cpu_model_number": _integer(first.get("model")),
+        "cpu_sockets": len(sockets) or None,
+        "cpu_physical_cores": physical,
+        "cpu_isa": [flag for flag in _RELEVANT_ISA if flag in flags],
+        "cpu_clock_hz": clock,
+        "cpu_clock_source": clock_source,
+    }
 
 
 def _memory_bytes() -> int | None:
@@ -74,9 +122,15 @@ def _os_name() -> str:
     return platform.system()
 
 
+def nvml_text(value) -> str:
+    """A string from NVML: older nvidia-ml-py releases return bytes."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 @functools.lru_cache(maxsize=1)
 def nvidia_gpus() -> tuple[list[dict], str | None, str | None]:
-    """GPUs seen by NVML: (devices, driver version, why none were listed)."""
+    """Every GPU NVML sees, used or not: (devices with index, model, memory and UUID; driver
+    version; why none were listed)."""
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError:
@@ -94,8 +148,9 @@ def nvidia_gpus() -> tuple[list[dict], str | None, str | None]:
             devices.append(
                 {
                     "index": index,
-                    "model": pynvml.nvmlDeviceGetName(handle),
+                    "model": nvml_text(pynvml.nvmlDeviceGetName(handle)),
                     "memory_bytes": int(memory.total),
+                    "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle)),
                 }
             )
         return devices, driver, None
@@ -103,27 +158,90 @@ def nvidia_gpus() -> tuple[list[dict], str | None, str | None]:
         pynvml.nvmlShutdown()
 
 
+def _gpu_named(entry: str, uuids: list[str]) -> int | None:
+    """The NVML index an entry of CUDA_VISIBLE_DEVICES names: an index, or a GPU UUID or a
+    prefix of one that no other GPU shares, as CUDA accepts them."""
+    if entry.isdigit():
+        return int(entry) if int(entry) < len(uuids) else None
+    if entry.startswith("GPU-"):
+        matches = [i for i, uuid in enumerate(uuids) if uuid.lower().startswith(entry.lower())]
+        return matches[0] if len(matches) == 1 else None
+    return None
+
+
+def cuda_visible_gpus(value: str | None, uuids: list[str]) -> tuple[list[int] | None, str | None]:
+    """The NVML indices of the GPUs a CUDA program here may use, given CUDA_VISIBLE_DEVICES
+    (`value`, None when unset) and the UUID of each GPU in NVML order; and a one-line note
+    where the variable names something that is no GPU here.
+
+    Read as CUDA reads it: the list ends at the first empty or negative entry, and at the
+    first entry naming no GPU here (CUDA ignores it and everything after it). Indices are
+    taken in NVML's PCI bus order, which is CUDA's where CUDA_DEVICE_ORDER=PCI_BUS_ID or
+    where all GPUs are alike; UUIDs are exact either way. MIG instances ("MIG-...") are out
+    of scope: None for the indices, and a note."""
+    if value is None:
+        return list(range(len(uuids))), None
+    chosen: list[int] = []
+    for entry in (entry.strip() for entry in value.split(",")):
+        if not entry or entry.startswith("-") or entry == "NoDevFiles":
+            break
+        if entry.startswith("MIG-"):
+            return None, (
+                f"CUDA_VISIBLE_DEVICES={value!r} names MIG instances: not resolved to GPUs "
+                "(MIG is out of scope: NVML's energy counter covers the whole GPU)"
+            )
+        index = _gpu_named(entry, uuids)
+        if index is None:
+            return chosen, (
+                f"CUDA_VISIBLE_DEVICES={value!r}: {entry!r} is none of the {len(uuids)} GPUs "
+                "here (CUDA ignores it and the entries after it)"
+            )
+        if index not in chosen:
+            chosen.append(index)
+    return chosen, None
+
+
+def _gpu_summary(used: list[dict], count: int, mig: bool) -> str:
+    models = ", ".join(sorted({g["model"] for g in used}))
+    of = f" (of {count})" if len(used) < count else ""
+    return f"{len(used)} x {models}{of}" + (" (as MIG instances)" if mig else "")
+
+
 def hardware_layer(workers: int = 1) -> dict:
-    cpu = _cpuinfo()
+    """L1: CPU, memory and GPUs, each GPU marked "visible" when this process may use it
+    (CUDA_VISIBLE_DEVICES; None where that names MIG instances); the summary counts the GPUs
+    the run uses."""
+    cpu = cpu_facts()
     gpus, _, gpu_note = nvidia_gpus()
     cores = os.cpu_count()
-    if gpus:
-        models = sorted({g["model"] for g in gpus})
-        summary = f"{len(gpus)} x {', '.join(models)}"
+    environment = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible, visibility_note = cuda_visible_gpus(environment, [g["uuid"] for g in gpus])
+    accelerators = [
+        {
+            "index": g["index"],
+            "model": g["model"],
+            "memory_bytes": g["memory_bytes"],
+            "visible": None if visible is None else g["index"] in visible,
+        }
+        for g in gpus
+    ]
+    used = gpus if visible is None else [g for g in gpus if g["index"] in visible]
+    if gpus and not used and not visibility_note:
+        visibility_note = f"CUDA_VISIBLE_DEVICES={environment!r} leaves no GPU to this run"
+    if used:
+        summary = _gpu_summary(used, len(gpus), visible is None)
     else:
-        summary = f"{cpu['model'] or platform.processor() or 'unknown CPU'} ({cores} cores)"
+        summary = f"{cpu['cpu_model'] or platform.processor() or 'unknown CPU'} ({cores} cores)"
     if workers > 1:
         summary = f"{workers} workers x {summary}"
     return {
         "summary": summary,
-        "cpu_model": cpu["model"],
-        "cpu_sockets": cpu["sockets"],
+        **cpu,
         "cpu_logical_cores": cores,
-        "cpu_isa": [flag for flag in _RELEVANT_ISA if flag in cpu["flags"]],
         "machine": platform.machine(),
         "memory_bytes": _memory_bytes(),
-        "accelerators": gpus,
-        "accelerator_note": gpu_note,
+        "accelerators": accelerators,
+        "accelerator_note": gpu_note or visibility_note,
         "workers": workers,
         "interconnect": None,  # not observable from inside a process; set in config if known
     }

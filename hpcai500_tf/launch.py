@@ -1,7 +1,9 @@
 """`hpcai500-tf train ... --workers N`: N worker processes on this machine, one run, one record.
 
 Each worker gets a `TF_CONFIG` naming every worker on loopback, with ports chosen free at
-launch. Worker 0 (the chief) prints to this console and writes the record; every worker's
+launch. On a GPU node each worker gets its share of the GPUs as `CUDA_VISIBLE_DEVICES` (an
+existing list in that variable is split), and every worker its share of the cores' threads.
+Worker 0 (the chief) prints to this console and writes the record; every worker's
 messages (TensorFlow's included) go to `RUN_DIR/workers/worker-I.log`. When a worker fails,
 the others get the communication timeout to end on their own (the chief then records the run
 as stopped), then SIGTERM, then SIGKILL (a worker waiting for a lost peer ignores SIGTERM):
@@ -17,11 +19,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
+from hpcai500_tf.engine import cluster
 from hpcai500_tf.engine.mllog import open_for_append
 from hpcai500_tf.errors import UserError
 
@@ -47,6 +50,10 @@ def worker_args(args) -> list[str]:
     forwarded += ["--power-hz", str(args.power_hz)]
     if args.meter_log:
         forwarded += ["--meter-log", args.meter_log]
+    if not args.tensorboard:
+        forwarded += ["--no-tensorboard"]
+    if args.profile_steps:
+        forwarded += ["--profile-steps", "-".join(map(str, args.profile_steps))]
     return forwarded
 
 
@@ -70,6 +77,46 @@ def tf_configs(ports: list[int]) -> list[str]:
         json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         for index in range(len(ports))
     ]
+
+
+def _gpu_split_error(workers: int, gpus: list[str], base_env: Mapping[str, str]) -> str:
+    """The one line refusing a worker count that does not divide the GPUs, with the counts
+    that do."""
+    count = len(gpus)
+    where = (
+        f"the {count} GPU{'s' if count > 1 else ''} of CUDA_VISIBLE_DEVICES"
+        if "CUDA_VISIBLE_DEVICES" in base_env
+        else f"this node's {count} GPU{'s' if count > 1 else ''}"
+    )
+    fits = [str(n) for n in range(2, min(count, MAX_WORKERS) + 1) if count % n == 0]
+    refusal = f"--workers {workers} does not divide {where}"
+    if not fits:
+        return f"{refusal}: leave out --workers to run one worker"
+    choices = fits[0] if len(fits) == 1 else f"{', '.join(fits[:-1])} or {fits[-1]}"
+    return f"{refusal}: use --workers {choices}, or leave it out for one worker"
+
+
+def worker_environments(
+    workers: int, gpus: list[str], base_env: Mapping[str, str], cpus: int | None = None
+) -> list[dict[str, str]]:
+    """Each local worker's environment: `base_env`, its share of the `cpus` cores as thread
+    counts (variables already set are kept), and on a GPU node its contiguous share of `gpus`
+    (CUDA_VISIBLE_DEVICES entries) as its CUDA_VISIBLE_DEVICES, so the workers do not all take
+    every GPU. A worker count that does not divide the GPUs is refused: the workers would get
+    unequal shares, and the strategy needs the same replicas on every worker."""
+    if gpus and len(gpus) % workers:
+        raise UserError(_gpu_split_error(workers, gpus, base_env))
+    threads = str(max(1, (cpus or os.cpu_count() or 1) // workers))
+    shares = {name: base_env.get(name, threads) for name in THREAD_VARIABLES}
+    per_worker = len(gpus) // workers
+    environments = []
+    for index in range(workers):
+        env = {**base_env, **shares}
+        if gpus:
+            own = gpus[index * per_worker : (index + 1) * per_worker]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(own)
+        environments.append(env)
+    return environments
 
 
 def _failure_line(path: Path) -> str:
@@ -115,6 +162,10 @@ def launch(
         raise UserError(f"--workers must be in [2, {MAX_WORKERS}] to launch several, got {workers}")
     if "TF_CONFIG" in os.environ:
         raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
+    # Refused here, before a run directory or a worker exists, when the GPUs cannot be split.
+    gpus = cluster.visible_gpus()
+    environments = worker_environments(workers, gpus, os.environ)
+    cluster.resolve_collective(setup.communication.collective, gpus)
     if resume:
         run_dir = Path(resume)
         if not run_dir.is_dir():
@@ -129,17 +180,18 @@ def launch(
     command = [sys.executable, "-m", "hpcai500_tf.cli", "train", *worker_args]
     command += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     processes = []
-    # The workers share this machine's cores: each gets its share of threads (unless set).
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
-    shares = {name: os.environ.get(name, threads) for name in THREAD_VARIABLES}
+    each = f"{environments[0]['TF_NUM_INTRAOP_THREADS']} intra-op threads each"
+    if gpus:
+        shares = " | ".join(env["CUDA_VISIBLE_DEVICES"] for env in environments)
+        each = f"{len(gpus) // workers} GPU(s) and {each}; CUDA_VISIBLE_DEVICES {shares}"
     print(
         f"launching {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
-        f"({shares['TF_NUM_INTRAOP_THREADS']} intra-op threads each); logs in {logs}",
+        f"({each}); logs in {logs}",
         flush=True,
     )
     try:
         for index, tf_config in enumerate(tf_configs(ports)):
-            env = {**os.environ, **shares, "TF_CONFIG": tf_config}
+            env = {**environments[index], "TF_CONFIG": tf_config}
             log = log_files[index]
             # The chief's console output is the run's; everyone's stderr (TensorFlow's
             # messages included) goes to its log, whose last line is shown on failure.

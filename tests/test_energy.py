@@ -239,6 +239,9 @@ class FakeNVML:
     def nvmlDeviceGetName(self, handle):
         return ["Fake H100", "Fake T4"][handle]
 
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}{handle}c0ffee-0000-0000-0000-00000000000{handle}"
+
     def _check(self):
         self.calls += 1
         if self.fail_after is not None and self.calls > self.fail_after:
@@ -255,7 +258,8 @@ class FakeNVML:
         return 70_000  # 70 W
 
 
-def test_fake_nvml_counter_and_power_gpus():
+def test_fake_nvml_counter_and_power_gpus(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     clock = FakeClock()
     sources, note = nvml_sources(FakeNVML(clock))
     assert note is None
@@ -271,7 +275,8 @@ def test_fake_nvml_counter_and_power_gpus():
     assert block["scope"] == "2 GPU boards only"
 
 
-def test_nvml_errors_mid_run_never_stop_sampling():
+def test_nvml_errors_mid_run_never_stop_sampling(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     clock = FakeClock()
     nvml = FakeNVML(clock)
     sources, _ = nvml_sources(nvml)
@@ -294,6 +299,74 @@ def test_nvml_missing_is_a_note_not_an_error():
         [],
         "NVML unavailable (NVML Shared Library Not Found)",
     )
+
+
+class FourGPUs(FakeNVML):
+    """A board of four GPUs, the second without an energy counter (as in FakeNVML)."""
+
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200", "NVIDIA B200"]
+
+    def nvmlDeviceGetCount(self):
+        return 4
+
+    def nvmlDeviceGetName(self, handle):
+        return self.names[handle].encode()  # older nvidia-ml-py releases return bytes
+
+
+def test_nvml_sources_are_the_gpus_cuda_visible_devices_names(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    sources, note = nvml_sources(FourGPUs(FakeClock()))
+    assert [(s.name, s.method.split(", ")[-1]) for s in sources] == [
+        ("gpu0", "NVIDIA H100 80GB HBM3"),
+        ("gpu2", "NVIDIA H200"),
+    ]
+    assert note == (
+        "gpu1 (NVIDIA H100 PCIe), gpu3 (NVIDIA B200) left out: not among the GPUs this run "
+        "uses (CUDA_VISIBLE_DEVICES='0,2')"
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-33c0ffee-0000-0000-0000-000000000003,GPU-11")
+    sources, _ = nvml_sources(FourGPUs(FakeClock()))
+    assert [(s.name, s.kind) for s in sources] == [("gpu3", "counter"), ("gpu1", "power")]
+
+
+def test_nvml_sources_with_no_gpu_or_a_missing_one_say_so_in_one_line(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    sources, note = nvml_sources(FourGPUs(FakeClock()))
+    assert sources == [] and note.startswith("gpu0 (NVIDIA H100 80GB HBM3), gpu1")
+    assert note.endswith("left out: not among the GPUs this run uses (CUDA_VISIBLE_DEVICES='')")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,7,2")
+    sources, note = nvml_sources(FourGPUs(FakeClock()))
+    assert [s.name for s in sources] == ["gpu1"] and "\n" not in note
+    assert note.startswith(
+        "CUDA_VISIBLE_DEVICES='1,7,2': '7' is none of the 4 GPUs here (CUDA ignores it and the "
+        "entries after it); gpu0 (NVIDIA H100 80GB HBM3), gpu2 (NVIDIA H200), gpu3"
+    )
+    _, discovered = discover(FourGPUs(FakeClock()), Path("/nonexistent"))
+    assert discovered[0] == f"GPU boards: {note}"
+
+
+def test_mig_instances_are_out_of_scope(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f1a2b3c-0000-0000-0000-000000000000")
+    sources, note = nvml_sources(FourGPUs(FakeClock()))
+    assert sources == [] and "names MIG instances" in note and "out of scope" in note
+
+
+@pytest.mark.parametrize(
+    "value, indices",
+    [
+        (None, [0, 1, 2]),
+        ("2,0", [2, 0]),
+        ("0,0,1", [0, 1]),
+        ("1,-1,2", [1]),  # CUDA stops at the first negative entry
+        ("GPU-ab", [1]),  # a UUID prefix no other GPU shares
+        ("GPU-a", []),  # shared by two GPUs: names none, and CUDA stops there
+    ],
+)
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(value, indices):
+    from hpcai500_tf.benchmark_layers import cuda_visible_gpus
+
+    uuids = ["GPU-aa01", "GPU-ab02", "GPU-cc03"]
+    assert cuda_visible_gpus(value, uuids)[0] == indices
 
 
 # ------------------------------------------------------------------------ the energy block

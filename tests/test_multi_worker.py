@@ -104,7 +104,9 @@ def test_a_two_worker_run_writes_one_valid_record(two_worker_random):
     (run_dir,) = (out / "two").iterdir()
     assert (run_dir / "record.json").is_file() and (run_dir / "workers" / "worker-1.log").is_file()
     l3 = two["layers"]["L3"]
-    assert "CommunicationImplementation.AUTO" in l3["collective_implementation"]
+    # auto between CPU workers is ring all-reduce, recorded as such.
+    assert "CommunicationImplementation.RING" in l3["collective_implementation"]
+    assert l3["collective_requested"] == "auto"
     assert l3["cluster_from"] == "TF_CONFIG" and l3["timeout_s"] == 60.0
     assert two["layers"]["L6"]["strategy"] == "multi_worker"
     assert two["layers"]["L1"]["workers"] == 2

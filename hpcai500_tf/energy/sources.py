@@ -1,6 +1,6 @@
-"""Power sources this machine offers: NVIDIA GPUs through NVML, CPU packages and DRAM through
-Linux RAPL (powercap). Each source reads one value: a cumulative energy counter in joules
-("counter") or instantaneous power in watts ("power").
+"""Power sources this machine offers: the NVIDIA GPUs this run uses, through NVML; CPU packages
+and DRAM through Linux RAPL (powercap). Each source reads one value: a cumulative energy counter
+in joules ("counter") or instantaneous power in watts ("power").
 
 `discover()` lists what is there and, for what is not, why: that reason ends up in the record.
 """
@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from hpcai500_tf.benchmark_layers import cuda_visible_gpus, nvml_text
 
 # Where Linux exposes RAPL; HPCAI500_POWERCAP_ROOT points elsewhere (a container that mounts
 # the host's sysfs under another path).
@@ -37,8 +39,40 @@ class Source:
 # ----------------------------------------------------------------------------- NVML
 
 
+def _nvml_source(nvml, index: int, handle, model: str) -> Source:
+    """The total-energy counter where the GPU has one, else power samples."""
+    try:
+        nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except nvml.NVMLError:
+        return Source(
+            f"gpu{index}",
+            "GPU board",
+            "power",
+            f"NVML power usage samples (no energy counter on this GPU), {model}",
+            read_value=lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
+        )
+    return Source(
+        f"gpu{index}",
+        "GPU board",
+        "counter",
+        f"NVML total energy counter, {model}",
+        read_value=lambda h=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,
+    )
+
+
+def _uuid(nvml, handle) -> str:
+    try:
+        return nvml_text(nvml.nvmlDeviceGetUUID(handle))
+    except nvml.NVMLError:
+        return ""  # names no GPU of CUDA_VISIBLE_DEVICES, which CUDA then ignores too
+
+
 def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
-    """One source per GPU: the total-energy counter where the GPU has one, else power samples.
+    """One source per GPU this run uses: those CUDA_VISIBLE_DEVICES names (indices or GPU
+    UUIDs, read as CUDA reads them), every GPU when it is unset. The note names the GPUs left
+    out and anything in the variable that is no GPU here; MIG instances are out of scope (no
+    GPU source: a board's counter would count the other instances too). Sources are named by
+    NVML index ("gpu2"), which is the same whatever the variable says.
 
     `nvml` is the pynvml module or a stand-in with the same functions (tests)."""
     if nvml is None:
@@ -53,32 +87,22 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
         return [], f"NVML unavailable ({error})"
     if count == 0:
         return [], "NVML reports no GPU"
-    sources = []
-    for index in range(count):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        model = nvml.nvmlDeviceGetName(handle)
-        try:
-            nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-            sources.append(
-                Source(
-                    f"gpu{index}",
-                    "GPU board",
-                    "counter",
-                    f"NVML total energy counter, {model}",
-                    read_value=lambda h=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,
-                )
-            )
-        except nvml.NVMLError:
-            sources.append(
-                Source(
-                    f"gpu{index}",
-                    "GPU board",
-                    "power",
-                    f"NVML power usage samples (no energy counter on this GPU), {model}",
-                    read_value=lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
-                )
-            )
-    return sources, None
+    handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
+    models = [nvml_text(nvml.nvmlDeviceGetName(handle)) for handle in handles]
+    environment = os.environ.get("CUDA_VISIBLE_DEVICES")
+    uuids = [_uuid(nvml, handle) for handle in handles] if environment else [""] * count
+    chosen, problem = cuda_visible_gpus(environment, uuids)
+    if chosen is None:
+        return [], problem
+    sources = [_nvml_source(nvml, i, handles[i], models[i]) for i in chosen]
+    left_out = [f"gpu{i} ({models[i]})" for i in range(count) if i not in chosen]
+    notes = [problem] if problem else []
+    if left_out:
+        notes.append(
+            f"{', '.join(left_out)} left out: not among the GPUs this run uses "
+            f"(CUDA_VISIBLE_DEVICES={environment!r})"
+        )
+    return sources, "; ".join(notes) or None
 
 
 # ----------------------------------------------------------------------------- RAPL

@@ -4,6 +4,9 @@ The cluster is taken from `TF_CONFIG` when it is set (by the user, or by `hpcai5
 --workers N`), else from Slurm when the process runs under `srun`. Both are checked before
 TensorFlow sees them, so a malformed cluster is one clear line.
 
+GPUs are handed out as `CUDA_VISIBLE_DEVICES` entries: the node's GPUs by index, or the list
+already in that variable (Slurm's grant, a user's choice), which is split, never replaced.
+
 A worker waiting for a peer that never arrives blocks inside TensorFlow with the interpreter
 lock held and SIGTERM ignored: no Python thread or signal handler can end it. `JoinWatchdog`
 therefore runs a tiny separate process that SIGKILLs the worker, after saying why, unless
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from hpcai500_tf.errors import UserError
 
@@ -93,6 +98,73 @@ def strategy_overrides(launching_workers: bool) -> list[str]:
     return []
 
 
+def _nvml_gpu_count() -> int | None:
+    """NVIDIA GPUs on this node by NVML (nvidia-ml-py), or None when NVML cannot be used."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def node_gpu_count() -> int:
+    """NVIDIA GPUs on this node: NVML, else `nvidia-smi -L`; 0 on a node without them."""
+    count = _nvml_gpu_count()
+    if count is not None:
+        return count
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, count: int | None = None) -> list[str]:
+    """The GPUs this process may use, as `CUDA_VISIBLE_DEVICES` entries: that variable's list
+    when it is set (CUDA ignores it from the first negative entry on), else every GPU of the
+    node by index. `count` is the node's GPU count (looked up when None); with none, the list
+    is empty whatever the variable says, and work stays on the CPUs."""
+    environ = os.environ if environ is None else environ
+    count = node_gpu_count() if count is None else count
+    if count == 0:
+        return []
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(index) for index in range(count)]
+    visible = []
+    for entry in (entry.strip() for entry in listed.split(",")):
+        if not entry or entry.startswith("-") or entry == "NoDevFiles":
+            break
+        visible.append(entry)
+    return visible
+
+
+def resolve_collective(requested: str, gpus: list) -> str:
+    """The collective implementation ("nccl" or "ring") for `communication.collective` on a
+    worker that sees `gpus`: auto is NCCL between GPU workers and ring (gRPC) between CPU
+    workers, where TensorFlow's own AUTO would take ring even on GPUs; nccl without a GPU is
+    refused now, where it would otherwise fail only once every worker has joined."""
+    if requested == "nccl" and not gpus:
+        raise UserError(
+            "communication.collective=nccl needs GPUs and none is visible here: "
+            "use auto or ring on CPU"
+        )
+    if requested == "auto":
+        return "nccl" if gpus else "ring"
+    return requested
+
+
 def cluster_resolver():
     """(resolver or None, how the cluster was found). TF_CONFIG first, then Slurm."""
     import tensorflow as tf
@@ -103,31 +175,44 @@ def cluster_resolver():
         check_port_free(own_address(config))
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(), "TF_CONFIG"
     if under_slurm():
-        from hpcai500_tf.benchmark_layers import nvidia_gpus
-
-        port_base = int(os.environ.get("HPCAI500_SLURM_PORT_BASE", SLURM_PORT_BASE))
-        gpus = len(nvidia_gpus()[0])
         try:
-            if gpus:
-                resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-                    port_base=port_base, gpus_per_node=gpus
-                )
-                resolver.cluster_spec()
-            else:
-                # TensorFlow's Slurm resolver lays tasks out along the GPUs of each node; on CPU
-                # nodes give it one placeholder per task, keep the cluster it resolves and
-                # tell the strategy there is no accelerator.
-                slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-                    port_base=port_base, gpus_per_node=1024, gpus_per_task=1, auto_set_gpu=False
-                )
-                spec = slurm.cluster_spec()
-                resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-                    spec, task_type=slurm.task_type, task_id=slurm.task_id, rpc_layer="grpc"
-                )
+            return _slurm_resolver(tf), "Slurm"
         except (RuntimeError, ValueError, KeyError, OSError, subprocess.SubprocessError) as err:
             raise UserError(f"cannot read the Slurm cluster ({err})") from None
-        return resolver, "Slurm"
     return None, "a single worker (no TF_CONFIG, not under srun)"
+
+
+def _slurm_resolver(tf):
+    """This Slurm task's cluster resolver; on GPU nodes, CUDA_VISIBLE_DEVICES is narrowed to
+    this task's share of the GPUs it may use (all of them with one task per node)."""
+    port_base = int(os.environ.get("HPCAI500_SLURM_PORT_BASE", SLURM_PORT_BASE))
+    gpus = visible_gpus()
+    if not gpus:
+        # TensorFlow's Slurm resolver lays tasks out along the GPUs of each node; on CPU
+        # nodes give it one placeholder per task, keep the cluster it resolves and tell the
+        # strategy there is no accelerator.
+        slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=port_base, gpus_per_node=1024, gpus_per_task=1, auto_set_gpu=False
+        )
+        spec = slurm.cluster_spec()
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            spec, task_type=slurm.task_type, task_id=slurm.task_id, rpc_layer="grpc"
+        )
+    # TensorFlow's resolver would set CUDA_VISIBLE_DEVICES to indices from 0 whatever Slurm
+    # granted; it only counts GPUs per task here, and the share is cut from `gpus`.
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=port_base, gpus_per_node=len(gpus), auto_set_gpu=False
+    )
+    resolver.cluster_spec()
+    share = resolver.num_accelerators()["GPU"]
+    if share == 0:
+        raise UserError(
+            f"more Slurm tasks on this node than its {len(gpus)} GPUs: "
+            "run one task per node (srun --ntasks-per-node=1)"
+        )
+    local = int(os.environ.get("SLURM_LOCALID", "0"))
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[local * share : (local + 1) * share])
+    return resolver
 
 
 class JoinWatchdog:

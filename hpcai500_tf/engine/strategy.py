@@ -1,4 +1,9 @@
-"""Choosing the tf.distribute strategy. Build it before any other TF op runs."""
+"""Choosing the tf.distribute strategy. Build it before any other TF op runs.
+
+Between workers the collective implementation is chosen here, not left to TensorFlow, whose
+AUTO means ring all-reduce over gRPC between workers even on GPUs: `auto` is NCCL where
+TensorFlow sees a GPU and ring otherwise, and the implementation used is recorded in L3.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,6 @@ from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 
 _IMPLEMENTATIONS = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
     "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
@@ -24,9 +28,13 @@ def make_strategy(
         return tf.distribute.MirroredStrategy()
     if name == "multi_worker":
         communication = communication or CommunicationConfig("auto", 0.0, 0.0)
+        # The resolver first (under Slurm it narrows CUDA_VISIBLE_DEVICES), then the GPUs
+        # TensorFlow sees, then the strategy, which waits for every worker.
         resolver, found = cluster.cluster_resolver()
+        gpus = tf.config.list_physical_devices("GPU")
+        collective = cluster.resolve_collective(communication.collective, gpus)
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=_IMPLEMENTATIONS[communication.collective],
+            implementation=_IMPLEMENTATIONS[collective],
             timeout_seconds=communication.timeout_s or None,
         )
         seconds = communication.join_timeout_s
@@ -40,14 +48,15 @@ def make_strategy(
                 cluster_resolver=resolver, communication_options=options
             )
         strategy.hpcai500_cluster_source = found
-        strategy.hpcai500_collective = communication.collective
+        strategy.hpcai500_collective = collective
+        strategy.hpcai500_collective_requested = communication.collective
         return strategy
     raise UserError(f"unknown strategy '{name}'")
 
 
 def describe(strategy: tf.distribute.Strategy, name: str) -> tuple[dict, int, int]:
     """(L3 communication facts, number of workers, this worker's index)."""
-    workers, index, collective, source = 1, 0, None, None
+    workers, index, collective, source, requested = 1, 0, None, None, None
     resolver = getattr(strategy, "cluster_resolver", None)
     if name == "multi_worker" and resolver is not None:
         spec = resolver.cluster_spec().as_dict()
@@ -58,12 +67,15 @@ def describe(strategy: tf.distribute.Strategy, name: str) -> tuple[dict, int, in
         implementation = getattr(strategy, "hpcai500_collective", "auto").upper()
         collective = f"tf.distribute collective ops (CommunicationImplementation.{implementation})"
         source = getattr(strategy, "hpcai500_cluster_source", None)
+        requested = getattr(strategy, "hpcai500_collective_requested", None)
     elif name == "mirrored":
         collective = type(getattr(strategy.extended, "_cross_device_ops", None)).__name__
     facts = {
         "collective_implementation": collective,
         "note": None if collective else "single device: no collectives",
     }
+    if requested:
+        facts["collective_requested"] = requested  # communication.collective, e.g. auto
     if source:
         facts["cluster_from"] = source
     return facts, workers, index

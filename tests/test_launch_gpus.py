@@ -1,0 +1,272 @@
+"""GPU clusters without GPUs: how the launcher shares a node's GPUs among its workers, which
+collective a multi-worker run uses, and the Slurm script's pre-flight. Device lists and Slurm
+are faked; no TensorFlow worker is started."""
+
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hpcai500_tf import config, launch
+from hpcai500_tf.engine import cluster
+from hpcai500_tf.errors import UserError
+
+EIGHT_GPUS = [str(index) for index in range(8)]
+SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"
+
+
+# ------------------------------------------------------------------ the --workers launcher
+
+
+def test_eight_gpus_among_four_workers_two_each():
+    environments = launch.worker_environments(4, EIGHT_GPUS, {"PATH": "/bin"}, cpus=16)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == [
+        f"{2 * i},{2 * i + 1}" for i in range(4)
+    ]
+    for env in environments:
+        assert env["PATH"] == "/bin" and env["TF_NUM_INTRAOP_THREADS"] == "4"
+
+
+def test_an_existing_cuda_visible_devices_list_is_split():
+    base = {"CUDA_VISIBLE_DEVICES": "3,5"}
+    gpus = cluster.visible_gpus(base, count=8)
+    assert gpus == ["3", "5"]
+    environments = launch.worker_environments(2, gpus, base, cpus=2)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["3", "5"]
+
+
+def test_without_gpus_only_threads_are_split_as_before():
+    base = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    environments = launch.worker_environments(2, [], base, cpus=8)
+    for env in environments:
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # left as it was
+        assert env["TF_NUM_INTRAOP_THREADS"] == "4" and env["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_worker_count_that_does_not_divide_the_gpus_is_one_line_naming_the_fix():
+    with pytest.raises(UserError) as refused:
+        launch.worker_environments(3, EIGHT_GPUS, {})
+    message = str(refused.value)
+    assert message == (
+        "--workers 3 does not divide this node's 8 GPUs: use --workers 2, 4 or 8, "
+        "or leave it out for one worker"
+    )
+    with pytest.raises(UserError, match="the 1 GPU of CUDA_VISIBLE_DEVICES: leave out"):
+        launch.worker_environments(2, ["6"], {"CUDA_VISIBLE_DEVICES": "6"})
+
+
+@pytest.mark.parametrize(
+    "listed, count, expected",
+    [
+        (None, 4, ["0", "1", "2", "3"]),
+        ("2,3", 4, ["2", "3"]),
+        ("0,-1,2", 4, ["0"]),  # CUDA ignores the list from the first invalid entry on
+        ("", 4, []),
+        ("GPU-1a2b,GPU-3c4d", 4, ["GPU-1a2b", "GPU-3c4d"]),
+        ("0,1", 0, []),  # no GPU on the node: the variable alone does not make one
+    ],
+)
+def test_visible_gpus(listed, count, expected):
+    environ = {} if listed is None else {"CUDA_VISIBLE_DEVICES": listed}
+    assert cluster.visible_gpus(environ, count=count) == expected
+
+
+def test_the_gpu_count_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H200'\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setattr(cluster, "_nvml_gpu_count", lambda: None)
+    monkeypatch.setenv("PATH", str(fake_bin))
+    assert cluster.node_gpu_count() == 2
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi either: a CPU node
+    assert cluster.node_gpu_count() == 0
+
+
+def _launch_refused(monkeypatch, tmp_path, workers, gpus, overrides=()):
+    """launch() on a faked node: the UserError it raised, having started nothing."""
+    started = []
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setattr(cluster, "visible_gpus", lambda: gpus)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(a))
+    setup = config.prepare("image_classification", "tiny", list(overrides))
+    with pytest.raises(UserError) as refused:
+        launch.launch(setup, [], workers, tmp_path / "runs")
+    assert started == [] and not (tmp_path / "runs").exists()
+    return str(refused.value)
+
+
+def test_launch_refuses_an_uneven_gpu_split_before_any_worker_starts(monkeypatch, tmp_path):
+    message = _launch_refused(monkeypatch, tmp_path, 3, EIGHT_GPUS)
+    assert message.startswith("--workers 3 does not divide this node's 8 GPUs")
+
+
+def test_launch_refuses_nccl_without_gpus_before_any_worker_starts(monkeypatch, tmp_path):
+    message = _launch_refused(monkeypatch, tmp_path, 2, [], ["communication.collective=nccl"])
+    assert message.endswith("use auto or ring on CPU")
+
+
+# ------------------------------------------------------------------- the collective (L3)
+
+
+@pytest.mark.parametrize(
+    "requested, gpus, expected",
+    [("auto", EIGHT_GPUS, "nccl"), ("auto", [], "ring"), ("ring", EIGHT_GPUS, "ring")]
+    + [("nccl", EIGHT_GPUS, "nccl"), ("ring", [], "ring")],
+)
+def test_auto_is_nccl_between_gpu_workers_and_ring_between_cpu_workers(requested, gpus, expected):
+    assert cluster.resolve_collective(requested, gpus) == expected
+
+
+def test_nccl_without_a_gpu_is_one_line_naming_the_fix():
+    with pytest.raises(UserError) as refused:
+        cluster.resolve_collective("nccl", [])
+    assert str(refused.value) == (
+        "communication.collective=nccl needs GPUs and none is visible here: use auto or ring on CPU"
+    )
+
+
+def test_make_strategy_refuses_nccl_before_building_the_strategy(monkeypatch):
+    import tensorflow as tf
+
+    from hpcai500_tf.config import CommunicationConfig
+    from hpcai500_tf.engine import strategy
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("TensorFlow sees a GPU here")
+    for name in ("TF_CONFIG", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    built = []
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", lambda **k: built.append(k))
+    with pytest.raises(UserError, match="collective=nccl needs GPUs"):
+        strategy.make_strategy("multi_worker", CommunicationConfig("nccl", 0.0, 0.0))
+    assert built == []
+
+
+def test_l3_records_the_resolved_implementation_and_the_request():
+    import tensorflow as tf
+
+    from hpcai500_tf.engine import strategy
+
+    spec = tf.train.ClusterSpec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]})
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type="worker", task_id=1
+    )
+    fake = SimpleNamespace(
+        cluster_resolver=resolver,
+        hpcai500_collective="nccl",
+        hpcai500_collective_requested="auto",
+        hpcai500_cluster_source="Slurm",
+    )
+    facts, workers, index = strategy.describe(fake, "multi_worker")
+    assert (workers, index) == (2, 1)
+    assert facts["collective_implementation"].endswith("(CommunicationImplementation.NCCL)")
+    assert facts["collective_requested"] == "auto" and facts["cluster_from"] == "Slurm"
+
+
+# ------------------------------------------------------------------ Slurm tasks on GPU nodes
+
+
+@pytest.mark.parametrize(
+    "nodes, tasks_per_node, local_id, expected",
+    [("node[1-2]", "1(x2)", "0", "4,5,6,7"), ("node1", "2", "1", "6,7")],
+)
+def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
+    tmp_path, monkeypatch, nodes, tasks_per_node, local_id, expected
+):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    scontrol = fake_bin / "scontrol"
+    scontrol.write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
+    for key, value in {
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",  # granted by Slurm, numbered as on the node
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": local_id,
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": nodes,
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+    }.items():
+        monkeypatch.setenv(key, value)
+    resolver, found = cluster.cluster_resolver()
+    assert found == "Slurm" and resolver.task_id == 1
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
+    assert resolver.num_accelerators()["GPU"] == len(expected.split(","))
+
+
+# ------------------------------------------------------------- tools/slurm_train.sbatch
+
+
+def _sbatch(tmp_path: Path, **environment: str) -> tuple[subprocess.CompletedProcess, list]:
+    """Run the batch script with bash under a fake Slurm environment and a fake `srun` that
+    records its arguments: (the script's result, srun's arguments or None if not run)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    record = tmp_path / "srun-arguments"
+    record.unlink(missing_ok=True)
+    srun = fake_bin / "srun"
+    srun.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{record}"\n')
+    srun.chmod(0o755)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "42", **environment}
+    result = subprocess.run(
+        ["bash", str(SBATCH), "/data/imagenet", "/shared/runs"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    arguments = record.read_text().splitlines() if record.exists() else None
+    return result, arguments
+
+
+TRAIN = ["hpcai500-tf", "train", "image_classification", "--preset", "reference"]
+TRAIN += ["--data", "/data/imagenet", "--out", "/shared/runs"]
+
+
+def test_sbatch_syntax():
+    assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
+    text = SBATCH.read_text()
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert "GPUS_PER_NODE=8" in text and "CPUS_PER_TASK=" in text
+
+
+@pytest.mark.parametrize(
+    "granted",
+    [{"SLURM_GPUS_ON_NODE": "8"}, {"SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}]
+    + [{"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}],
+)
+def test_sbatch_gives_the_one_task_per_node_all_its_gpus(tmp_path, granted):
+    result, arguments = _sbatch(tmp_path, **granted)
+    assert result.returncode == 0, result.stderr
+    expected = ["--ntasks-per-node=1", "--cpus-per-task=32", "--gpus-per-node=8", *TRAIN]
+    assert arguments == expected
+
+
+def test_sbatch_refuses_a_job_without_gpus_before_srun(tmp_path):
+    result, arguments = _sbatch(tmp_path)
+    assert result.returncode != 0 and arguments is None
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("slurm_train.sbatch: error: Slurm gave this job no GPUs")
+    assert "HPCAI500_ALLOW_CPU=1" in line
+
+
+def test_sbatch_refuses_fewer_gpus_than_it_was_written_for(tmp_path):
+    result, arguments = _sbatch(tmp_path, SLURM_JOB_GPUS="0,1,2,3")
+    assert result.returncode != 0 and arguments is None
+    (line,) = result.stderr.splitlines()
+    assert "gave this node 4 GPUs but GPUS_PER_NODE is 8" in line
+
+
+def test_sbatch_runs_on_cpus_when_allowed(tmp_path):
+    result, arguments = _sbatch(tmp_path, HPCAI500_ALLOW_CPU="1", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 0, result.stderr
+    assert arguments == ["--ntasks-per-node=1", "--cpus-per-task=32", *TRAIN]
