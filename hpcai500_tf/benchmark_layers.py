@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+from hpcai500_tf import tensorflow_import
 from hpcai500_tf.config import peak_learning_rate
 
 # ISA features that decide which kernels a CPU can run fast for training.
@@ -207,10 +208,27 @@ def _gpu_summary(used: list[dict], count: int, mig: bool) -> str:
     return f"{len(used)} x {models}{of}" + (" (as MIG instances)" if mig else "")
 
 
+# The TensorFlow devices this process's run computes on (engine.devices.check_devices notes
+# them once the strategy is built); None until a run has, e.g. for `sysinfo`.
+_devices_used: list[str] | None = None
+
+
+def note_devices_used(devices: list[str] | None) -> None:
+    """Record the devices this process's run computes on, for its L1 summary and L5."""
+    global _devices_used
+    _devices_used = None if devices is None else list(devices)
+
+
+def _on_the_cpu_only() -> bool:
+    """Whether the run noted computes on no GPU (where the machine has some: --allow-cpu)."""
+    kinds = [device.rsplit("device:", 1)[-1].upper() for device in _devices_used or []]
+    return _devices_used is not None and not any(kind.startswith("GPU") for kind in kinds)
+
+
 def hardware_layer(workers: int = 1) -> dict:
     """L1: CPU, memory and GPUs, each GPU marked "visible" when this process may use it
     (CUDA_VISIBLE_DEVICES; None where that names MIG instances); the summary counts the GPUs
-    the run uses."""
+    the run may use, or names the CPU where the run noted computes on no GPU."""
     cpu = cpu_facts()
     gpus, _, gpu_note = nvidia_gpus()
     cores = os.cpu_count()
@@ -228,7 +246,7 @@ def hardware_layer(workers: int = 1) -> dict:
     used = gpus if visible is None else [g for g in gpus if g["index"] in visible]
     if gpus and not used and not visibility_note:
         visibility_note = f"CUDA_VISIBLE_DEVICES={environment!r} leaves no GPU to this run"
-    if used:
+    if used and not _on_the_cpu_only():
         summary = _gpu_summary(used, len(gpus), visible is None)
     else:
         summary = f"{cpu['cpu_model'] or platform.processor() or 'unknown CPU'} ({cores} cores)"
@@ -258,7 +276,9 @@ def os_layer() -> dict:
 
 
 def library_layers() -> tuple[dict, dict]:
-    """L4 (accelerator libraries) and L5 (framework), read from the TensorFlow build."""
+    """L4 (accelerator libraries) and L5 (framework), read from the TensorFlow build, with
+    TensorFlow's GPU settings and, once a run has noted them, the devices it computes on
+    (in L5, not L1: they are TensorFlow's names, which another framework's runner lacks)."""
     import keras
     import numpy
     import tensorflow as tf
@@ -280,7 +300,12 @@ def library_layers() -> tuple[dict, dict]:
         "numpy_version": numpy.__version__,
         "python_version": platform.python_version(),
         "python_implementation": sys.implementation.name,
+        # NVIDIA's ResNet-50 settings of TensorFlow's GPU runtime: each one's value and who
+        # set it, the user or this project (inert on a CPU).
+        "gpu_environment": tensorflow_import.gpu_environment(),
     }
+    if _devices_used is not None:  # TensorFlow's names of the devices the run computes on
+        l5["devices_used"] = list(_devices_used)
     return l4, l5
 
 

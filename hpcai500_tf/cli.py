@@ -124,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         record, path = run.run_benchmark(
             setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log,
-            args.run_dir, args.tensorboard, args.profile_steps,
+            args.run_dir, args.tensorboard, args.profile_steps, args.allow_cpu,
         )  # fmt: skip
     finally:
         view.close()
@@ -241,7 +241,7 @@ def _flops(args: argparse.Namespace) -> int:
     import_tensorflow()
     from hpcai500_tf.engine import run
 
-    report = run.flops_report(setup)
+    report = run.flops_report(setup, args.allow_cpu)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -321,6 +321,15 @@ def _add_run_arguments(parser: argparse.ArgumentParser, reads_data: bool = True)
     )
 
 
+def _add_allow_cpu(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="run even where TensorFlow sees fewer GPUs than this machine has (e.g. CUDA's "
+        "libraries did not load); the record says so",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpcai500-tf",
@@ -365,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace global train steps A to B with the TensorFlow profiler (TensorBoard's "
         "profile plugin); those steps run slower, and the record says so",
     )
+    _add_allow_cpu(train)
     train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)
 
@@ -373,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_arguments(flops, reads_data=False)
     flops.add_argument("--json", action="store_true")
+    _add_allow_cpu(flops)
     flops.set_defaults(handler=_flops)
 
     roofline = commands.add_parser(

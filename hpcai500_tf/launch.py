@@ -54,6 +54,8 @@ def worker_args(args) -> list[str]:
         forwarded += ["--no-tensorboard"]
     if args.profile_steps:
         forwarded += ["--profile-steps", "-".join(map(str, args.profile_steps))]
+    if args.allow_cpu:
+        forwarded += ["--allow-cpu"]
     return forwarded
 
 

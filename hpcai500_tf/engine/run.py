@@ -22,7 +22,7 @@ from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
-from hpcai500_tf.engine import cluster
+from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Diverged, Engine
 from hpcai500_tf.engine.mllog import MLLogger
@@ -178,6 +178,7 @@ def run_benchmark(
     run_dir: str | Path | None = None,
     tensorboard: bool = True,
     profile_steps: tuple[int, int] | None = None,
+    allow_cpu: bool = False,
 ) -> tuple[dict | None, Path | None]:
     """Run the benchmark; returns (record, record path), or (None, None) on a worker other than
     the chief (worker 0 writes the one record of a multi-worker run).
@@ -186,9 +187,10 @@ def run_benchmark(
     (see `energy.meter_log`), read when the run ends. `run_dir` is an empty directory made for
     this run by the multi-worker launcher (otherwise one is made under `out_dir`). The chief
     writes TensorBoard scalars to RUN_DIR/tensorboard/ unless `tensorboard` is false, and a
-    profiler trace of the global train steps `profile_steps` (first, last) when asked."""
+    profiler trace of the global train steps `profile_steps` (first, last) when asked. A
+    machine whose GPUs TensorFlow does not see is refused unless `allow_cpu`."""
     init_start = time.time()
-    run = prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start)
+    run = prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start, allow_cpu)
     if run.chief:
         watch_in_tensorboard(run, tensorboard, profile_steps)
     initialise(run, meter_log)
@@ -196,14 +198,17 @@ def run_benchmark(
     return finish(run, outcome, power_hz, meter_log)
 
 
-def prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start) -> BenchmarkRun:
-    """The strategy (before any other TensorFlow op), the engine, the run directory and the
-    progress to start from: new, or restored from the run's last checkpoint."""
+def prepare_run(
+    setup, data_dir, out_dir, resume, run_dir, view, init_start, allow_cpu=False
+) -> BenchmarkRun:
+    """The strategy (before any other TensorFlow op), the engine, the devices checked, the
+    run directory and the progress to start from: new, or restored from its last checkpoint."""
     if resume and not (Path(resume) / CONFIG_FILE).is_file():
         raise UserError(f"{resume}: not a run directory (no {CONFIG_FILE})")
     config_id = fingerprint(setup.config)
     engine = build_engine(setup, data_dir, None, view)
     _, workers, rank = strategies.describe(engine.strategy, setup.training.strategy)
+    device_warnings = devices.check_devices(engine.strategy, allow_cpu, view if rank == 0 else None)
     if workers > 1:
         check_multi_worker(engine, workers, config_id)
     if rank != 0:
@@ -223,6 +228,7 @@ def prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start) -> 
     run = BenchmarkRun(
         setup, engine, workers, rank, run_dir and Path(run_dir), save_dir, bool(resume),
         Progress(config_fingerprint=config_id, init_start=init_start), mllog,
+        warnings=device_warnings,
     )  # fmt: skip
     if resume:
         run.progress = engine.restore(run.run_dir, config_id)
@@ -506,9 +512,11 @@ def check_multi_worker(engine: Engine, workers: int, config_id: str) -> None:
         )
 
 
-def flops_report(setup: Setup) -> dict:
-    """FLOPs per example both ways, without training (the setup's data is not read)."""
+def flops_report(setup: Setup, allow_cpu: bool = False) -> dict:
+    """FLOPs per example both ways, without training (the setup's data is not read), on the
+    devices a run would use (checked as a run's are)."""
     engine = build_engine(setup, None)
+    devices.check_devices(engine.strategy, allow_cpu)
     return {
         **measure_flops(engine, engine.synthetic_batch()),
         "global_batch": engine.global_batch,

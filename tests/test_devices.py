@@ -1,0 +1,257 @@
+"""The devices a run computes on: no silent CPU fallback where the machine has GPUs, the
+first-use compile of kernels announced, NVIDIA's GPU settings set and recorded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpcai500_tf import benchmark_layers, tensorflow_import
+from hpcai500_tf.cli import build_parser, main
+from hpcai500_tf.engine import devices
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.launch import worker_args
+
+# TensorFlow 2.21's CUDA wheels: SASS up to Ada (8.9), PTX for Hopper (9.0).
+TF_221_ARCHITECTURES = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]
+CPU_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _fake_gpus(count: int):
+    """NVML's answer for a machine with `count` GPUs."""
+    gpus = [
+        {"index": i, "model": "NVIDIA H100", "memory_bytes": 80 << 30, "uuid": f"GPU-{i}abc"}
+        for i in range(count)
+    ]
+    return lambda: (gpus, "570.00" if count else None, None if count else "no GPU")
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A machine whose NVML sees two GPUs, all visible: this CPU-only TensorFlow sees none."""
+    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def no_noted_devices():
+    yield
+    benchmark_layers.note_devices_used(None)
+
+
+# The check as a pure function.
+
+
+def test_gpus_tensorflow_does_not_see_are_refused_in_one_line_naming_the_fix():
+    with pytest.raises(UserError) as refused:
+        devices.gpu_check(visible=2, tensorflow_gpus=0, allow_cpu=False)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "2 GPUs" in message and "TensorFlow sees none" in message
+    for fix in ("list_physical_devices('GPU')", "tensorflow[and-cuda]", "nvidia-smi"):
+        assert fix in message
+    assert "--allow-cpu" in message
+
+
+def test_fewer_gpus_than_visible_are_refused_too():
+    with pytest.raises(UserError, match="TensorFlow sees 1 of the 2 GPUs"):
+        devices.gpu_check(visible=2, tensorflow_gpus=1, allow_cpu=False)
+
+
+def test_allow_cpu_turns_the_refusal_into_a_warning():
+    warning = devices.gpu_check(visible=2, tensorflow_gpus=0, allow_cpu=True)
+    assert "TensorFlow sees none" in warning and "--allow-cpu" in warning
+
+
+@pytest.mark.parametrize("visible, seen", [(0, 0), (2, 2), (1, 1), (0, 1)])
+def test_every_visible_gpu_seen_or_none_there_passes_silently(visible, seen):
+    assert devices.gpu_check(visible, seen, allow_cpu=False) is None
+
+
+def test_cuda_visible_devices_narrows_the_gpus_expected(monkeypatch):
+    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(4))
+    assert devices.visible_gpu_count({}) == 4
+    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
+    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-2"}) == 1
+    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "MIG-abc"}) == 1
+    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(0))
+    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0"}) == 0
+
+
+def test_device_kind_reads_tensorflow_device_names():
+    assert devices.device_kind("/job:worker/replica:0/task:1/device:GPU:3") == "GPU"
+    assert devices.device_kind(CPU_DEVICE) == "CPU"
+
+
+# The check on this machine's TensorFlow (CPU only), NVML faked.
+
+
+def _devices_in_l5() -> list[str]:
+    return benchmark_layers.library_layers()[1]["devices_used"]
+
+
+def _default_strategy():
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+def test_a_machine_with_gpus_tensorflow_cannot_use_is_refused(two_gpus):
+    with pytest.raises(UserError, match="TensorFlow sees none"):
+        devices.check_devices(_default_strategy(), allow_cpu=False)
+
+
+def test_allow_cpu_proceeds_with_a_warning_and_l1_says_the_cpu_was_used(two_gpus, capsys):
+    warnings = devices.check_devices(_default_strategy(), allow_cpu=True)
+    assert len(warnings) == 1 and "--allow-cpu" in warnings[0]
+    assert "TensorFlow sees none" in capsys.readouterr().err
+    hardware = benchmark_layers.hardware_layer()
+    assert "H100" not in hardware["summary"]  # the run's hardware is the CPU it computed on
+    assert len(hardware["accelerators"]) == 2  # still listed: present, unused
+    assert _devices_in_l5() == [CPU_DEVICE]
+
+
+def test_a_machine_without_gpus_proceeds_silently(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(0))
+    assert devices.check_devices(_default_strategy(), allow_cpu=False) == []
+    assert capsys.readouterr().err == ""
+    assert _devices_in_l5() == [CPU_DEVICE]
+
+
+def test_the_mirrored_strategy_devices_are_recorded(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(0))
+    devices.check_devices(tf.distribute.MirroredStrategy(), allow_cpu=False)
+    assert _devices_in_l5() == [CPU_DEVICE]
+
+
+def test_sysinfo_without_a_run_names_no_devices_used():
+    assert "devices_used" not in benchmark_layers.library_layers()[1]
+
+
+def test_a_run_on_gpus_keeps_its_gpu_summary(two_gpus):
+    benchmark_layers.note_devices_used(["/job:localhost/replica:0/task:0/device:GPU:0"])
+    assert benchmark_layers.hardware_layer()["summary"] == "2 x NVIDIA H100"
+
+
+def test_flops_is_refused_on_a_machine_with_unseen_gpus_unless_allowed(two_gpus, capsys):
+    assert main(["flops", "image_classification", "--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("hpcai500-tf: error: this machine has 2 GPUs")
+
+
+def test_allow_cpu_is_a_flag_of_train_and_flops_and_reaches_the_workers():
+    parser = build_parser()
+    assert parser.parse_args(["flops", "--allow-cpu"]).allow_cpu
+    train = parser.parse_args(["train", "image_classification", "--allow-cpu"])
+    assert train.allow_cpu and "--allow-cpu" in worker_args(train)
+    plain = parser.parse_args(["train", "image_classification"])
+    assert not plain.allow_cpu and "--allow-cpu" not in worker_args(plain)
+
+
+# The first-use compile of kernels from PTX.
+
+
+def test_hopper_on_tensorflow_221_announces_the_compile_and_the_cache():
+    line = devices.compile_notice([(9, 0)], TF_221_ARCHITECTURES, {"HOME": "/home/me"})
+    assert "\n" not in line
+    assert "9.0" in line and "PTX" in line and "first use" in line
+    assert "/home/me/.nv/ComputeCache" in line and "CUDA_CACHE_MAXSIZE=4294967296" in line
+
+
+def test_the_cache_named_is_the_users_own():
+    environ = {"HOME": "/home/me", "CUDA_CACHE_PATH": "/scratch/cuda", "CUDA_CACHE_MAXSIZE": "1"}
+    line = devices.compile_notice([(9, 0), (9, 0)], TF_221_ARCHITECTURES, environ)
+    assert "/scratch/cuda" in line and ".nv" not in line and "CUDA_CACHE_MAXSIZE=1" in line
+    off = devices.compile_notice([(9, 0)], TF_221_ARCHITECTURES, {"CUDA_CACHE_DISABLE": "1"})
+    assert "compiles them again" in off
+
+
+@pytest.mark.parametrize(
+    "capability, compiled",
+    [
+        ((8, 9), TF_221_ARCHITECTURES),  # SASS for Ada
+        ((8, 6), TF_221_ARCHITECTURES),  # sm_80's SASS runs on 8.6
+        ((7, 5), TF_221_ARCHITECTURES),  # sm_70's on 7.5
+        ((9, 0), ["sm_80", "sm_90a"]),  # arch-specific SASS on its own GPU; no PTX anyway
+        ((10, 0), ["sm_80", "sm_90a"]),  # no kernel at all: TensorFlow's own error, not ours
+    ],
+)
+def test_no_notice_where_kernels_are_compiled_or_absent(capability, compiled):
+    assert devices.compile_notice([capability], compiled, {"HOME": "/h"}) is None
+
+
+def test_newer_gpus_than_the_ptx_are_announced_too():
+    assert "10.0, 12.0" in devices.compile_notice(
+        [(12, 0), (10, 0)], TF_221_ARCHITECTURES, {"HOME": "/h"}
+    )
+
+
+def test_a_cpu_build_lists_no_architectures_so_announces_nothing():
+    assert devices.compile_notice([], [], {"HOME": "/h"}) is None
+    assert devices.compile_notice([(9, 0)], [], {"HOME": "/h"}) is None
+
+
+# NVIDIA's GPU settings.
+
+
+def test_gpu_defaults_fill_only_what_the_user_left_unset():
+    environ = {"TF_GPU_THREAD_MODE": "global"}
+    assert tensorflow_import.apply_gpu_defaults(environ) == [
+        "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT"
+    ]
+    assert environ == {
+        "TF_GPU_THREAD_MODE": "global",
+        "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT": "1",
+    }
+    rows = tensorflow_import.gpu_environment(environ, {"TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT"})
+    assert rows == [
+        "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT=1 (project default)",
+        "TF_GPU_THREAD_MODE=global (user)",
+    ]
+    assert tensorflow_import.gpu_environment({}, set()) == [
+        "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT unset",
+        "TF_GPU_THREAD_MODE unset",
+    ]
+
+
+def test_l5_records_the_gpu_settings_and_who_set_them(monkeypatch):
+    monkeypatch.setenv("TF_GPU_THREAD_MODE", "gpu_shared")
+    monkeypatch.setenv("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT", "")  # restored after
+    monkeypatch.delenv("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT")
+    monkeypatch.setattr(tensorflow_import, "_set_by_project", set())
+    tensorflow_import.apply_gpu_defaults()
+    _, l5 = benchmark_layers.library_layers()
+    assert l5["gpu_environment"] == [
+        "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT=1 (project default)",
+        "TF_GPU_THREAD_MODE=gpu_shared (user)",
+    ]
+
+
+def test_import_tensorflow_sets_the_defaults_before_tensorflow_starts():
+    """In a fresh process, as the CLI does it: the user's value kept, the other one set."""
+    show = (
+        "import os; from hpcai500_tf.tensorflow_import import import_tensorflow, gpu_environment;"
+        "import_tensorflow(); print(gpu_environment())"
+    )
+    env = {**os.environ, "TF_GPU_THREAD_MODE": "gpu_shared", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT", None)
+    result = subprocess.run(
+        [sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT=1 (project default)" in result.stdout
+    assert "TF_GPU_THREAD_MODE=gpu_shared (user)" in result.stdout
+
+
+def test_a_run_records_the_devices_it_used(tf_tiny):
+    _, rec = tf_tiny
+    assert rec["layers"]["L5"]["devices_used"] == [CPU_DEVICE]
+    assert len(rec["layers"]["L5"]["gpu_environment"]) == 2
+    assert not any("--allow-cpu" in warning for warning in rec["warnings"])
