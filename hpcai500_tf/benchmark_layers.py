@@ -208,27 +208,10 @@ def _gpu_summary(used: list[dict], count: int, mig: bool) -> str:
     return f"{len(used)} x {models}{of}" + (" (as MIG instances)" if mig else "")
 
 
-# The TensorFlow devices this process's run computes on (engine.devices.check_devices notes
-# them once the strategy is built); None until a run has, e.g. for `sysinfo`.
-_devices_used: list[str] | None = None
-
-
-def note_devices_used(devices: list[str] | None) -> None:
-    """Record the devices this process's run computes on, for its L1 summary and L5."""
-    global _devices_used
-    _devices_used = None if devices is None else list(devices)
-
-
-def _on_the_cpu_only() -> bool:
-    """Whether the run noted computes on no GPU (where the machine has some: --allow-cpu)."""
-    kinds = [device.rsplit("device:", 1)[-1].upper() for device in _devices_used or []]
-    return _devices_used is not None and not any(kind.startswith("GPU") for kind in kinds)
-
-
 def hardware_layer(workers: int = 1) -> dict:
     """L1: CPU, memory and GPUs, each GPU marked "visible" when this process may use it
     (CUDA_VISIBLE_DEVICES; None where that names MIG instances); the summary counts the GPUs
-    the run may use, or names the CPU where the run noted computes on no GPU."""
+    the run may use (L5 `devices_used` of a run's record says what it computed on)."""
     cpu = cpu_facts()
     gpus, _, gpu_note = nvidia_gpus()
     cores = os.cpu_count()
@@ -246,7 +229,7 @@ def hardware_layer(workers: int = 1) -> dict:
     used = gpus if visible is None else [g for g in gpus if g["index"] in visible]
     if gpus and not used and not visibility_note:
         visibility_note = f"CUDA_VISIBLE_DEVICES={environment!r} leaves no GPU to this run"
-    if used and not _on_the_cpu_only():
+    if used:
         summary = _gpu_summary(used, len(gpus), visible is None)
     else:
         summary = f"{cpu['cpu_model'] or platform.processor() or 'unknown CPU'} ({cores} cores)"
@@ -277,8 +260,8 @@ def os_layer() -> dict:
 
 def library_layers() -> tuple[dict, dict]:
     """L4 (accelerator libraries) and L5 (framework), read from the TensorFlow build, with
-    TensorFlow's GPU settings and, once a run has noted them, the devices it computes on
-    (in L5, not L1: they are TensorFlow's names, which another framework's runner lacks)."""
+    TensorFlow's GPU settings (a run adds the devices it computes on to L5: they are
+    TensorFlow's names, which another framework's runner lacks)."""
     import keras
     import numpy
     import tensorflow as tf
@@ -304,8 +287,6 @@ def library_layers() -> tuple[dict, dict]:
         # set it, the user or this project (inert on a CPU).
         "gpu_environment": tensorflow_import.gpu_environment(),
     }
-    if _devices_used is not None:  # TensorFlow's names of the devices the run computes on
-        l5["devices_used"] = list(_devices_used)
     return l4, l5
 
 

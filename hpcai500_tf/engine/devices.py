@@ -155,7 +155,7 @@ def compile_notice(
 
 def check_devices(strategy, allow_cpu: bool, view=None) -> list[str]:
     """Refuse a run whose TensorFlow sees fewer GPUs than this process may use (unless
-    `allow_cpu`); note the devices it computes on for the layers (L5, and the L1 summary);
+    `allow_cpu`);
     announce a first-use compile on `view`, else on stderr. Call once the strategy is built.
     Returns the warnings for the record."""
     import tensorflow as tf
@@ -165,7 +165,6 @@ def check_devices(strategy, allow_cpu: bool, view=None) -> list[str]:
     # A strategy computing on no GPU is the same fallback as TensorFlow seeing none.
     computing = len(gpus) if any(device_kind(device) == "GPU" for device in used) else 0
     warning = gpu_check(visible_gpu_count(), computing, allow_cpu)
-    benchmark_layers.note_devices_used(used)
     capabilities = []
     for gpu in gpus:
         capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")

@@ -100,6 +100,8 @@ def _layers(setup: Setup, engine: Engine) -> dict:
         or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0))
         or len(os.sched_getaffinity(0))  # TensorFlow's default: one per usable core
     )
+    gpus = len(tf.config.list_physical_devices("GPU"))  # L5: what the run computed on
+    observed["L5"] = {**observed["L5"], "devices_used": devices.devices_used(engine.strategy, gpus)}
     return observed | benchmark_layers.run_layers(
         setup,
         engine.workload,
