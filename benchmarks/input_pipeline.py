@@ -2,16 +2,22 @@
 
 Writes JPEG TFRecord shards of ImageNet-like images (about 500x375, smooth structure plus
 noise, so JPEG sizes are realistic), then measures in one run:
-  - the training pipeline (read, decode-and-crop, flip, resize, normalise, batch) alone;
-  - the engine's ResNet-50 v1.5 train step on a fixed batch of the same shape.
-Reports images/s of both (medians over timed windows) and pipeline / train step.
+  - the training pipeline (read, decode-and-crop, flip, resize, round to uint8, batch) alone,
+    on every core this process may use (`os.sched_getaffinity`);
+  - the engine's ResNet-50 v1.5 train step on a fixed batch of the same shape (on a GPU where
+    TensorFlow sees one), normalisation of the uint8 batch included.
+Reports images/s of both (medians over timed windows), pipeline / train step, the pipeline's
+images/s per core, and the cores per GPU the pipeline needs to feed each GPU training rate
+given with --gpu-images-per-s (a figure you supply for your GPU and precision; none is assumed).
 
     python benchmarks/input_pipeline.py [--images 512] [--batch 32] [--precision fp32]
+        [--gpu-images-per-s 1500 3000]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -99,19 +105,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "mixed"))
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "mixed", "fp16", "bf16"))
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--gpu-images-per-s",
+        type=float,
+        nargs="+",
+        default=[1500.0, 3000.0],
+        help="training images/s of one GPU to feed (your figure for your GPU and precision)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    cores = len(os.sched_getaffinity(0))
+    shards = max(1, min(args.images, max(4, cores)))  # enough files to interleave on every core
     with tempfile.TemporaryDirectory() as tmp:
-        write_shards(Path(tmp), args.images)
+        write_shards(Path(tmp), args.images, shards)
         pipeline, windows = pipeline_rate(Path(tmp) / "records", args.batch, args.seconds)
     step = train_step_rate(args.batch, args.precision, args.steps)
-    print(f"224x224, batch {args.batch}, {args.images} JPEG images in 4 shards")
+    per_core = pipeline / cores
+    print(f"224x224, batch {args.batch}, {args.images} JPEG images in {shards} shards")
     print(f"  input pipeline alone  {pipeline:8.1f} images/s (median of {len(windows)} windows)")
+    print(f"  cores used            {cores:8d} (os.sched_getaffinity)")
+    print(f"  per core              {per_core:8.1f} images/s")
     print(f"  train step ({args.precision:5s})    {step:8.1f} images/s")
     print(f"  pipeline / train step {pipeline / step:8.1f}x")
+    print("cores per GPU the pipeline needs (GPU rate / images/s per core):")
+    for gpu_rate in args.gpu_images_per_s:
+        needed = gpu_rate / per_core
+        print(
+            f"  a GPU training {gpu_rate:8.1f} images/s: {needed:6.1f} cores "
+            f"({math.ceil(needed)} whole cores)"
+        )
 
 
 if __name__ == "__main__":

@@ -313,10 +313,12 @@ def run_layers(
     replicas: int,
     global_batch: int,
     precision: str,
+    initial_loss_scale: float | None = None,
     intra_op_threads: int,
 ) -> dict[str, dict]:
     """L6-L9 of a run, in terms every framework's runner shares (`setup`: config.Setup;
-    `workload`: a workload, or the PyTorch runner's facts of one)."""
+    `workload`: a workload, or the PyTorch runner's facts of one). `initial_loss_scale`: where
+    dynamic loss scaling ran (float16), the scale it started from; None where none ran."""
     t, o = setup.training, setup.optimizer
     return {
         "L6": {
@@ -345,6 +347,9 @@ def run_layers(
             "base_learning_rate": o.base_learning_rate,
             "peak_learning_rate": peak_learning_rate(o, global_batch),
             "warmup_epochs": o.warmup_epochs,
+            # The precision policy is L7's `precision`; its loss scaling is the optimizer's.
+            "loss_scaling": "dynamic" if initial_loss_scale else "none",
+            "initial_loss_scale": initial_loss_scale,
             "seed": t.seed,
             **({"lars_eta": o.lars_eta} if o.name == "lars" else {}),
             **(

@@ -126,6 +126,9 @@ def _train(args: argparse.Namespace) -> int:
             setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log,
             args.run_dir, args.tensorboard, args.profile_steps, args.allow_cpu,
         )  # fmt: skip
+    except run.WorkerRunEnded as ended:
+        print(f"hpcai500-tf: {ended}", file=sys.stderr, flush=True)
+        cluster.exit_without_shutdown(1)  # TensorFlow's shutdown would wait for a lost peer
     finally:
         view.close()
     if record is None:

@@ -316,7 +316,7 @@ class TrainingConfig:
     epochs: int
     target_quality: float
     batch_per_replica: int
-    precision: str  # fp32 | mixed (mixed_float16 on GPU, mixed_bfloat16 on CPU)
+    precision: str  # fp32 | mixed (mixed_float16 on GPU, mixed_bfloat16 on CPU) | fp16 | bf16
     xla: bool
     strategy: str  # default | mirrored | multi_worker
     eval_every: int
@@ -337,8 +337,8 @@ class TrainingConfig:
             return problem
         if not 0 < self.target_quality <= 1:
             return f"target_quality must be in (0, 1], got {self.target_quality}"
-        if self.precision not in ("fp32", "mixed"):
-            return f"precision must be 'fp32' or 'mixed', got '{self.precision}'"
+        if self.precision not in ("fp32", "mixed", "fp16", "bf16"):
+            return f"precision must be fp32, mixed, fp16 or bf16, got '{self.precision}'"
         if self.strategy not in ("default", "mirrored", "multi_worker"):
             return f"strategy must be default, mirrored or multi_worker, got '{self.strategy}'"
         if self.deterministic and self.xla:
@@ -394,7 +394,7 @@ class CommunicationConfig:
     """How workers talk (L3) and how long a worker waits for its peers before giving up."""
 
     collective: str  # auto | ring | nccl (tf.distribute CommunicationImplementation)
-    timeout_s: float  # a collective waiting longer for a peer fails the run (0: no limit)
+    timeout_s: float  # a peer silent (no heartbeat) this long is lost: the run stops (0: 10 s)
     join_timeout_s: float  # every worker must join the cluster within this (0: no limit)
 
     def check(self) -> str | None:

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from hpcai500_tf import config
 from hpcai500_tf.data import imagenet, procedural, tfrecords
+from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -62,16 +65,112 @@ def test_converter_refuses_to_overwrite_and_bad_sources(tmp_path, imagenet_dir):
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_pipeline_gives_model_sized_images_and_offset_labels(imagenet_dir, training):
+def test_pipeline_gives_model_sized_uint8_images_and_offset_labels(imagenet_dir, training):
     dataset = imagenet.imagenet_dataset(
         imagenet_dir, training, image_size=32, label_offset=1, seed=0
     )
     examples = list(dataset)
     assert len(examples) == 12
-    assert {tuple(image.shape) for image, _ in examples} == {(32, 32, 3)}
+    assert {(tuple(image.shape), image.dtype) for image, _ in examples} == {((32, 32, 3), tf.uint8)}
     assert sorted({int(label) for _, label in examples}) == [0, 1, 2]
     pixels = np.stack([image.numpy() for image, _ in examples])
-    assert -3 < pixels.mean() < 3  # normalised by the ImageNet channel statistics
+    assert pixels.std() > 20  # pixels (the source images are noise), not normalised values
+
+
+def tiny_workload(*settings: str):
+    setup = config.prepare("image_classification", "tiny", list(settings))
+    return build_workload(setup.benchmark.name, setup.config, None)
+
+
+def test_normalising_uint8_in_the_step_matches_normalising_the_float_image(imagenet_dir):
+    """The workload's `model_inputs` of the pipeline's uint8 pixels (run in a traced step, as
+    on the device) equals the old float pipeline's output, the resized float image normalised,
+    within the rounding to whole pixel levels: half a level over the channel's std."""
+    workload = tiny_workload()
+    step = tf.function(workload.model_inputs)
+    pipeline = imagenet.imagenet_dataset(imagenet_dir, False, 32, 1, 0)  # in record order
+    records = tf.data.TFRecordDataset(imagenet.shard_files(imagenet_dir, "validation"))
+    for serialized, (pixels, _) in zip(records, pipeline, strict=True):
+        encoded = tf.io.parse_single_example(serialized, imagenet.FEATURES)["image/encoded"]
+        resized = imagenet._eval_image(encoded, 32)
+        before = (resized - imagenet.CHANNEL_MEANS) / imagenet.CHANNEL_STDS
+        now = step(pixels[None])[0]
+        assert now.dtype == tf.float32
+        np.testing.assert_allclose(
+            now, before, rtol=0, atol=0.5 / min(imagenet.CHANNEL_STDS) + 1e-5
+        )
+
+
+def test_every_image_source_gives_the_workloads_dtype():
+    for source in ("procedural", "random"):
+        workload = tiny_workload(f"data.source={source}")
+        images, _ = workload.dataset(True, 0, (1, 0)).element_spec
+        assert images.dtype == workload.input_dtype == tf.uint8, source
+
+
+def _parallel_stages(dataset) -> dict:
+    """The pipeline's parallel ops and their `deterministic` attribute."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    return {
+        node.op: node.attr["deterministic"].s.decode()
+        for node in graph.node
+        if "deterministic" in node.attr
+    }
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_parallel_stages_keep_their_order_only_when_the_config_asks(imagenet_dir, deterministic):
+    """The ImageNet interleave and map leave their order to the options the engine sets from
+    training.deterministic (a hard-coded deterministic=True would show as "true")."""
+    setup = config.prepare(
+        "image_classification",
+        "tiny",
+        [
+            f"training.deterministic={str(deterministic).lower()}",
+            "data.source=imagenet",
+            "data.train_examples=0",
+            "data.eval_examples=0",
+            "data.label_offset=1",
+            "data.num_classes=3",
+            "training.batch_per_replica=4",
+        ],
+    )
+    engine = run.build_engine(setup, str(imagenet_dir))
+    dataset = engine._dataset(True, 0)  # the tiny preset's default strategy: a plain tf.data
+    assert dataset.options().deterministic is deterministic
+    assert _parallel_stages(dataset) == {
+        "ParallelInterleaveDatasetV4": "default",
+        "ParallelMapDatasetV2": "default",
+    }
+
+
+def test_procedural_map_leaves_its_order_to_the_options():
+    dataset = procedural.procedural_dataset(16, 7, 16, 10, 0.5, training=True)
+    assert _parallel_stages(dataset) == {"ParallelMapDatasetV2": "default"}
+
+
+def test_interleave_width_is_the_cores_available_at_most_the_files(monkeypatch):
+    monkeypatch.setattr(imagenet.os, "sched_getaffinity", lambda pid: set(range(12)))
+    assert imagenet.interleave_width(1024) == 12
+    assert imagenet.interleave_width(5) == 5
+    assert imagenet.interleave_width(0) == 1
+
+
+def test_a_float_image_source_for_a_uint8_workload_is_refused_in_one_line(monkeypatch):
+    setup = config.prepare("image_classification", "tiny", [])
+    engine = run.build_engine(setup, None)
+    engine.check_data()  # the workload's own data pass
+    floats = tf.data.Dataset.from_tensors((tf.zeros([16, 16, 3]), tf.zeros([], tf.int32)))
+    monkeypatch.setattr(engine.workload, "dataset", lambda *args: floats.repeat())
+    with pytest.raises(UserError) as raised:
+        engine.check_data()
+    message = str(raised.value)
+    assert message == (
+        "the training data gives float32 images of shape (16, 16, 3); "
+        "the model expects uint8 (16, 16, 3)"
+    )
+    assert "\n" not in message
+    assert engine.synthetic_batch()[0].dtype == tf.uint8
 
 
 def test_worker_shards_split_the_data(imagenet_dir):

@@ -167,6 +167,7 @@ def test_weak_scaling_arithmetic_and_medians_of_repeats():
 # ------------------------------------------------------------------------ failure is bounded
 
 
+@pytest.mark.slow  # ~40 s on 2 cores
 def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path, capsys):
     argv = [
         "train",
@@ -245,6 +246,115 @@ def test_a_worker_whose_peer_never_arrives_gives_up_in_time(tmp_path):
     assert time.monotonic() - start < 60
     assert "not every worker joined the cluster within 4 s" in result.stderr
     assert not list(tmp_path.glob("*/record.json"))
+
+
+def _start_workers(tmp_path, overrides, env=None):
+    """Two workers started as a scheduler would (TF_CONFIG each, no launcher), under a hard
+    time limit, their output in tmp_path/worker-N.log."""
+    processes = []
+    for index, tf_config in enumerate(launch.tf_configs(launch.free_ports(2))):
+        log = open(tmp_path / f"worker-{index}.log", "w")
+        command = [
+            "timeout", "-k", "5", "240", *CLI, "train", "image_classification",
+            "--preset", "tiny", *(a for o in overrides for a in ("--set", o)),
+            "--out", str(tmp_path / "runs"),
+        ]  # fmt: skip
+        environment = {**os.environ, **(env or {}), "TF_CONFIG": tf_config}
+        processes.append(subprocess.Popen(command, env=environment, stdout=log, stderr=log))
+    return processes
+
+
+def _python_pid(process) -> int:
+    """The worker's own process under `timeout`."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = subprocess.run(
+            ["pgrep", "-P", str(process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        if children:
+            return int(children[0])
+        time.sleep(0.05)
+    raise AssertionError("the worker process never started")
+
+
+def _wait_for_checkpoint(tmp_path, processes, seconds=180):
+    deadline = time.monotonic() + seconds
+    while not list(tmp_path.glob("runs/*/state.json")):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), (
+            tmp_path / "worker-0.log"
+        ).read_text()[-2000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # ~40 s on 2 cores
+def test_a_worker_whose_peer_hangs_ends_by_itself_within_the_timeout(tmp_path):
+    """No launcher (as under Slurm): the chief, which leads TensorFlow's coordination service,
+    freezes after epoch 1; worker 1 finds it silent through the heartbeat, ends within
+    communication.timeout_s (plus a margin), non-zero, with the reason in one line."""
+    overrides = [
+        "data.source=random", "data.train_examples=4096", "training.epochs=50",
+        "training.strategy=multi_worker", "communication.timeout_s=5",
+    ]  # fmt: skip
+    processes = _start_workers(tmp_path, overrides)
+    chief = _python_pid(processes[0])
+    try:
+        _wait_for_checkpoint(tmp_path, processes)
+        os.kill(chief, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        code = processes[1].wait(timeout=60)
+        ended_after = time.monotonic() - frozen_at
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.kill(chief, signal.SIGKILL)
+                process.kill()
+                process.wait()
+    log = (tmp_path / "worker-1.log").read_text()
+    assert code == 1, log[-2000:]
+    assert ended_after < 5 + 10, ended_after
+    assert "hpcai500-tf: worker 1: run stopped: lost contact with a peer worker" in log
+
+
+def _threads(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))
+
+
+def test_thread_count_stays_flat_over_hundreds_of_steps(tmp_path):
+    """Two local workers, 400 steps: each worker's thread count after the first epoch's 200
+    steps does not grow through the second (a thread per collective op, as TensorFlow's
+    per-collective timeout makes, would add hundreds)."""
+    overrides = [
+        "data.source=random", "data.train_examples=3200", "training.batch_per_replica=8",
+        "training.epochs=2", "training.checkpoint_every=1", "training.strategy=multi_worker",
+        "communication.timeout_s=60",
+    ]  # fmt: skip
+    processes = _start_workers(tmp_path, overrides)
+    pids = [_python_pid(process) for process in processes]
+    try:
+        _wait_for_checkpoint(tmp_path, processes)
+        after_epoch_1 = [_threads(pid) for pid in pids]
+        peaks = list(after_epoch_1)
+        while any(process.poll() is None for process in processes):
+            for index, pid in enumerate(pids):
+                count = _threads(pid)
+                if count is not None:
+                    peaks[index] = max(peaks[index], count)
+            time.sleep(0.02)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert [process.returncode for process in processes] == [0, 0], (
+        tmp_path / "worker-0.log"
+    ).read_text()[-2000:]
+    (rec,) = _records(tmp_path / "runs")
+    assert rec["timeline"]["epochs"][-1]["examples"] == 3200 * 2
+    for before, peak in zip(after_epoch_1, peaks, strict=True):
+        assert peak - before < 20, (after_epoch_1, peaks)
 
 
 # ------------------------------------------------------------------------ bad input

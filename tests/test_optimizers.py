@@ -1,8 +1,12 @@
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf.engine.optimizers import LARS, WarmupDecay
+from hpcai500_tf import config
+from hpcai500_tf.engine import loop, run
+from hpcai500_tf.engine.optimizers import LARS, ReplicaAgreedLossScaleOptimizer, WarmupDecay
+from hpcai500_tf.errors import UserError
 
 
 def test_lars_follows_its_update_rule():
@@ -54,3 +58,49 @@ def test_step_decay():
         0.01,
         0.01,
     ]
+
+
+def _tiny_engine_layers(monkeypatch, policy):
+    """The tiny preset's engine under a precision `policy`, and its record's L8."""
+    monkeypatch.setattr(loop, "precision_policy", lambda precision: policy)
+    previous = keras.mixed_precision.global_policy()
+    try:
+        setup = config.prepare("image_classification", "tiny", ["training.precision=mixed"])
+        engine = run.build_engine(setup, None)
+        return engine, run._layers(setup, engine)["L8"]
+    finally:
+        keras.mixed_precision.set_global_policy(previous)  # process-wide: not for later tests
+
+
+def test_float16_engines_scale_the_loss_alike_on_every_replica(monkeypatch):
+    """mixed_float16 (the policy on GPUs) trains with the loss scaling whose skip decision all
+    replicas share (tests/test_replicas.py); L8 states that it ran and its initial scale."""
+    engine, l8 = _tiny_engine_layers(monkeypatch, "mixed_float16")
+    assert isinstance(engine.optimizer, ReplicaAgreedLossScaleOptimizer)
+    assert l8["loss_scaling"] == "dynamic" and l8["initial_loss_scale"] == 2.0**15
+
+
+def test_bfloat16_engines_scale_no_loss(monkeypatch):
+    """bfloat16 has float32's range: no loss scaling, and L8 says so."""
+    engine, l8 = _tiny_engine_layers(monkeypatch, "mixed_bfloat16")
+    assert not isinstance(engine.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert l8["loss_scaling"] == "none" and l8["initial_loss_scale"] is None
+
+
+@pytest.mark.parametrize(
+    "precision, policy",
+    [
+        ("fp32", "float32"),
+        ("fp16", "mixed_float16"),
+        ("bf16", "mixed_bfloat16"),
+        ("mixed", "mixed_bfloat16"),
+    ],  # fmt: skip
+)
+def test_precision_by_name_and_the_devices_choice(precision, policy):
+    """`mixed` is the device's choice (bf16 on this CPU-only machine); fp16 and bf16 by name."""
+    assert loop.precision_policy(precision) == policy
+
+
+def test_an_unknown_precision_is_one_line():
+    with pytest.raises(UserError, match="must be fp32, mixed, fp16 or bf16, got 'fp8'"):
+        config.prepare("image_classification", "tiny", ["training.precision=fp8"])

@@ -221,7 +221,8 @@ def test_feeder_streams_interleave_and_match_the_pipeline():
         assert sum(n for *_, n in got) == workload.eval_examples
         for (images, labels, _), (want_images, want_labels) in zip(got, expected_eval, strict=True):
             np.testing.assert_array_equal(labels, want_labels)
-            np.testing.assert_allclose(images, want_images)
+            # The feeder hands PyTorch the model's input: the pipeline's uint8 normalised.
+            np.testing.assert_allclose(images, workload.model_inputs(want_images).numpy())
         images, labels, count = next(train)  # the training stream goes on where it was
         assert count == 16 and images.shape == (16, 16, 16, 3) and labels.dtype == np.int64
         expected_train = list(

@@ -239,6 +239,12 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic) -> None:
                 options.deterministic = deterministic
                 dataset = dataset.with_options(options)
                 dataset = dataset.batch(batch, drop_remainder=training)
+                # The workload's uint8 pixels become the model's normalised float32 input here,
+                # in this process (the TensorFlow engine does it on its device, in the step).
+                dataset = dataset.map(
+                    lambda images, labels: (workload.model_inputs(images), labels),
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                )
                 iterator = dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
                 streams[stream] = (iterator, shared_memory.SharedMemory(name=name))
                 pipe.send((stream, "ok", None))

@@ -107,17 +107,19 @@ class TorchRunner:
         self.decayed = decayed
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
         self.peak = peak_learning_rate(o, self.global_batch)
-        self.mixed = t.precision == "mixed"
-        self.precision = (
-            "float32"
-            if not self.mixed
-            else "mixed_float16"
-            if self.device.type == "cuda"
-            else "mixed_bfloat16"
-        )
+        self.mixed = t.precision != "fp32"
+        self.precision = {
+            "fp32": "float32",
+            "fp16": "mixed_float16",
+            "bf16": "mixed_bfloat16",
+            "mixed": "mixed_float16" if self.device.type == "cuda" else "mixed_bfloat16",
+        }[t.precision]
         self.scaler = torch.amp.GradScaler(
-            "cuda", enabled=self.mixed and self.device.type == "cuda"
+            "cuda",
+            init_scale=2.0**16,
+            enabled=self.precision == "mixed_float16" and self.device.type == "cuda",
         )
+        self.initial_loss_scale = 2.0**16 if self.scaler.is_enabled() else None
         self.step = 0
         if self.mixed:
             check_mixed_precision(torch, self.device)
@@ -137,7 +139,7 @@ class TorchRunner:
     # ------------------------------------------------------------------ steps
 
     def _autocast(self):
-        dtype = self.torch.float16 if self.device.type == "cuda" else self.torch.bfloat16
+        dtype = self.torch.float16 if self.precision == "mixed_float16" else self.torch.bfloat16
         return self.torch.autocast(self.device.type, dtype=dtype, enabled=self.mixed)
 
     def train_step(self, images, labels):
@@ -290,6 +292,7 @@ class TorchRunner:
                 replicas=1,
                 global_batch=self.global_batch,
                 precision=self.precision,
+                initial_loss_scale=self.initial_loss_scale,
                 intra_op_threads=torch.get_num_threads(),
             ),
         }

@@ -3,6 +3,12 @@ preprocessing: training takes a random crop inside the bounding box (area 5-100 
 3/4-4/3), flips it and resizes to the model size; evaluation resizes and takes the centre crop
 (87.5 % of the shorter side). Labels are `image/class/label` minus a configurable offset.
 
+Images leave the pipeline as uint8 pixels, rounded from the resized image: a quarter of the
+bytes of float32 to copy to the accelerator, where `normalise` (the channel statistics) runs as
+the model's first computation. Whether the parallel interleave and map keep their order is left
+to the dataset's `tf.data.Options().deterministic`, which the engine sets from
+`training.deterministic`; the interleave reads as many files at once as this process has cores.
+
 Before a run, each split's records are counted from the TFRecord headers (no image decoded) and
 the labels of the first records of each shard are read; both are kept in a count cache beside
 the data, keyed by a fingerprint of the shard listing.
@@ -10,6 +16,7 @@ the data, keyed by a fingerprint of the shard listing.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +54,27 @@ def shard_files(data_dir: str | Path, split: str) -> list[str]:
     return files
 
 
-def _normalise(image):
-    image = tf.cast(image, tf.float32)
-    return (image - CHANNEL_MEANS) / CHANNEL_STDS
+def normalise(images):
+    """uint8 (or float) pixels to float32 normalised by the ImageNet channel statistics: the
+    model's input. Run on the device, at the start of the step (see the workload)."""
+    images = tf.cast(images, tf.float32)
+    return (images - CHANNEL_MEANS) / CHANNEL_STDS
 
 
-def _train_image(encoded, bbox, image_size: int):
+def to_pixels(image):
+    """A resized float image (values 0-255) rounded and saturated to uint8 pixels."""
+    return tf.saturate_cast(tf.round(image), tf.uint8)
+
+
+def interleave_width(files: int) -> int:
+    """How many shard files the interleave reads at once: one per core this process may run
+    on, no more than there are files."""
+    return max(1, min(len(os.sched_getaffinity(0)), files))
+
+
+def _train_image(encoded, bbox, image_size: int, seed: int):
+    """The random crop, flipped and resized. The crop's op seed comes from the pipeline's seed
+    (+1: 0 means "unseeded", which TensorFlow refuses under op determinism)."""
     shape = tf.io.extract_jpeg_shape(encoded)
     begin, size, _ = tf.image.sample_distorted_bounding_box(
         shape,
@@ -61,6 +83,7 @@ def _train_image(encoded, bbox, image_size: int):
         aspect_ratio_range=(0.75, 1.33),
         area_range=(0.05, 1.0),
         max_attempts=100,
+        seed=seed + 1,
         use_image_if_no_bounding_boxes=True,
     )
     offset_y, offset_x, _ = tf.unstack(begin)
@@ -80,7 +103,8 @@ def _eval_image(encoded, image_size: int):
     return tf.image.resize(image, [image_size, image_size], method="bilinear")
 
 
-def parse_example(serialized, training: bool, image_size: int, label_offset: int):
+def parse_example(serialized, training: bool, image_size: int, label_offset: int, seed: int = 0):
+    """One record to (uint8 image, label); `seed` seeds the training crop."""
     features = tf.io.parse_single_example(serialized, FEATURES)
     label = tf.cast(features["image/class/label"], tf.int32) - label_offset
     encoded = features["image/encoded"]
@@ -90,10 +114,10 @@ def parse_example(serialized, training: bool, image_size: int, label_offset: int
             for k in ("ymin", "xmin", "ymax", "xmax")
         ]
         bbox = tf.reshape(tf.stack(coords, axis=-1), [1, -1, 4])
-        image = _train_image(encoded, bbox, image_size)
+        image = _train_image(encoded, bbox, image_size, seed)
     else:
         image = _eval_image(encoded, image_size)
-    return _normalise(image), label
+    return to_pixels(image), label
 
 
 def imagenet_dataset(
@@ -105,31 +129,33 @@ def imagenet_dataset(
     shard: tuple[int, int] = (1, 0),
     shuffle_buffer: int = 10_000,
 ) -> tf.data.Dataset:
-    """Decoded, preprocessed (image, label) pairs of one split, sharded by file per worker."""
+    """Decoded, preprocessed (uint8 image, label) pairs of one split, sharded by file per
+    worker. The parallel interleave and map follow `tf.data.Options().deterministic` (True
+    unless the caller's options say otherwise)."""
     files = shard_files(data_dir, "train" if training else "validation")
     count, index = shard
     if len(files) >= count:
         dataset = tf.data.Dataset.from_tensor_slices(files).shard(count, index)
+        files_here = len(range(index, len(files), count))
         sharded_by_file = True
     else:
         dataset = tf.data.Dataset.from_tensor_slices(files)
+        files_here = len(files)
         sharded_by_file = False
     if training:
         dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.interleave(
         tf.data.TFRecordDataset,
-        cycle_length=min(8, len(files)),
+        cycle_length=interleave_width(files_here),
         num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
     )
     if not sharded_by_file:
         dataset = dataset.shard(count, index)
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return dataset.map(
-        lambda s: parse_example(s, training, image_size, label_offset),
+        lambda s: parse_example(s, training, image_size, label_offset, seed),
         num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
     )
 
 

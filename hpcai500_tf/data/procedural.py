@@ -3,6 +3,11 @@
 Every example is a pure function of (seed, index), generated on the fly with stateless random
 ops, so runs are reproducible and no dataset is downloaded. Phase, frequency, tint, brightness
 and noise vary per example; only the orientation carries the class.
+
+Like ImageNet's, the images are uint8 pixels (the workload normalises them on the device): the
+grating, centred on mid-grey, is scaled by PIXEL_SCALE per unit of amplitude, rounded and
+saturated. The parallel map keeps its order unless the dataset's `tf.data.Options` say
+otherwise (the engine sets them from `training.deterministic`).
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ import math
 import tensorflow as tf
 
 EVAL_SEED_OFFSET = 1_000_003
+MID_GREY = 128.0
+PIXEL_SCALE = 40.0  # pixel values per unit of grating amplitude: about +-3.2 fits in 0-255
 
 
 def procedural_example(index, seed: int, image_size: int, num_classes: int, noise: float):
-    """One (image, label): a noisy grating whose orientation encodes the label."""
+    """One (uint8 image, label): a noisy grating whose orientation encodes the label."""
     index = tf.cast(index, tf.int32)
     key = tf.stack([tf.constant(seed, tf.int32), index])
     label = tf.random.stateless_uniform([], key, 0, num_classes, dtype=tf.int32)
@@ -29,7 +36,7 @@ def procedural_example(index, seed: int, image_size: int, num_classes: int, nois
     tint = 0.5 + tf.random.stateless_uniform([3], key + [0, 104729])
     image = wave[..., None] * tint * (0.5 + u[3]) + (u[4] - 0.5)
     image += noise * tf.random.stateless_normal([image_size, image_size, 3], key + [0, 1299709])
-    return image, label
+    return tf.saturate_cast(tf.round(MID_GREY + PIXEL_SCALE * image), tf.uint8), label
 
 
 def procedural_dataset(
@@ -49,12 +56,13 @@ def procedural_dataset(
     return indices.map(
         lambda i: procedural_example(i + offset, seed, image_size, num_classes, noise),
         num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
     )
 
 
 def random_dataset(image_size: int, num_classes: int, seed: int) -> tf.data.Dataset:
-    """One random example repeated forever: input cost ~0, for throughput-only runs."""
-    image = tf.random.stateless_uniform([image_size, image_size, 3], [seed, 0])
+    """One random example (uint8 pixels) repeated forever: input cost ~0, for throughput-only
+    runs."""
+    pixels = tf.random.stateless_uniform([image_size, image_size, 3], [seed, 0], 0, 256, tf.int32)
+    image = tf.cast(pixels, tf.uint8)
     label = tf.random.stateless_uniform([], [seed, 1], 0, num_classes, dtype=tf.int32)
     return tf.data.Dataset.from_tensors((image, label)).repeat()

@@ -59,9 +59,14 @@ class Diverged(Exception):
 
 
 def precision_policy(precision: str) -> str:
-    """fp32, or mixed precision in the format this device computes fast."""
+    """fp32, or mixed precision: float16 with dynamic loss scaling on any GPU (the reference's
+    arithmetic, kept on GPUs that have bfloat16 too so that generations compare at one
+    precision), bfloat16 on CPUs (the reduced precision oneDNN computes fast); `fp16` and
+    `bf16` choose one by name."""
     if precision == "fp32":
         return "float32"
+    if precision in ("fp16", "bf16"):  # asked for by name (e.g. bf16 on A100 and newer)
+        return {"fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
     return "mixed_float16" if tf.config.list_physical_devices("GPU") else "mixed_bfloat16"
 
 
@@ -107,13 +112,20 @@ class Engine:
                 optimizer, self.global_batch, self.steps_per_epoch, training.epochs
             )
             if self.policy == "mixed_float16":
-                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
+                self.optimizer = optimizers.ReplicaAgreedLossScaleOptimizer(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)
+        # Where dynamic loss scaling runs (float16), the scale it starts from (the record's L8).
+        self.initial_loss_scale = getattr(self.optimizer, "initial_scale", None)
         self.decayed = optimizers.decayed_variables(self.model, optimizer.decay_all_variables)
         # The variables of a term the model's kernels ask for (weight decay covers its own).
         covered = self.decayed if optimizer.weight_decay else []
         self.unchecked = kernels.finiteness_variables(self.model, covered)
-        self.train_step = tf.function(self._train_step, jit_compile=training.xla)
+        # XLA compiles each replica's loss and gradients only; the all-reduce and the
+        # optimizer's apply (merge calls, loss-scale skip) stay in the plain train step.
+        self._compiled_loss_and_gradients = (
+            tf.function(self._loss_and_gradients, jit_compile=True) if training.xla else None
+        )
+        self.train_step = tf.function(self._train_step)
         self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
         # Written by a traced function: an eager write walks every object in Python each time
@@ -124,7 +136,9 @@ class Engine:
 
     # ------------------------------------------------------------------ steps
 
-    def _replica_train_step(self, images, labels):
+    def _loss_and_gradients(self, images, labels):
+        """One replica's loss and its gradients of the scaled loss: no cross-replica op, so
+        this is the part XLA compiles (`training.xla`)."""
         config = self.optimizer_config
         with tf.GradientTape() as tape:
             per_example = self.workload.per_example_loss(
@@ -135,17 +149,27 @@ class Engine:
                 l2 = tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in self.decayed])
                 loss += config.weight_decay * l2 / self.replicas
             scaled = self.optimizer.scale_loss(loss)
-        variables = self.model.trainable_variables
-        gradients = tape.gradient(scaled, variables)
-        self.optimizer.apply(gradients, variables)
+        return loss, tape.gradient(scaled, self.model.trainable_variables)
+
+    def _replica_train_step(self, images, labels, compiled):
+        """Loss and gradients (XLA-compiled when `compiled`), then the optimizer's apply, which
+        all-reduces the gradients and is never compiled."""
+        if compiled:
+            loss, gradients = self._compiled_loss_and_gradients(images, labels)
+        else:
+            loss, gradients = self._loss_and_gradients(images, labels)
+        self.optimizer.apply(gradients, self.model.trainable_variables)
         return loss + self._weights_finite_check()
 
     def _weights_finite_check(self):
         """A term the model's kernels ask for (`models.kernels.finiteness_term`): 0 or NaN."""
         return kernels.finiteness_term(self.unchecked)
 
-    def _train_step(self, images, labels):
-        losses = self.strategy.run(self._replica_train_step, (images, labels))
+    def _train_step(self, images, labels, compiled=True):
+        """One step on every replica; the summed loss. `compiled=False` traces the same step
+        without its XLA part, in one graph (what the FLOP count reads)."""
+        compiled = compiled and self._compiled_loss_and_gradients is not None
+        losses = self.strategy.run(self._replica_train_step, (images, labels, compiled))
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
     def _eval_step(self, images, labels):
@@ -167,6 +191,7 @@ class Engine:
             )
             if training:
                 dataset = dataset.repeat()
+            # The workload's parallel interleaves and maps take their order from this option.
             options = tf.data.Options()
             options.deterministic = self.training.deterministic
             dataset = dataset.with_options(options)
@@ -178,21 +203,24 @@ class Engine:
         return iter(self._dataset(True, self.training.seed + seed_offset))
 
     def check_data(self) -> None:
-        """Refuse training data whose images do not fit the model (reads no data)."""
+        """Refuse training data whose images do not fit the model: the workload's input shape
+        and `input_dtype`. Reads no data."""
         images_spec = self._dataset(True, self.training.seed).element_spec[0]
         specs = getattr(images_spec, "_value_specs", None) or (images_spec,)
         expected = tuple(self.workload.input_shape())
+        dtype = tf.as_dtype(self.workload.input_dtype)
         for spec in specs:
-            if tuple(spec.shape[1:]) != expected or spec.dtype != tf.float32:
+            if tuple(spec.shape[1:]) != expected or spec.dtype != dtype:
                 raise UserError(
                     f"the training data gives {spec.dtype.name} images of shape "
-                    f"{tuple(spec.shape[1:])}; the model expects float32 {expected}"
+                    f"{tuple(spec.shape[1:])}; the model expects {dtype.name} {expected}"
                 )
 
     def synthetic_batch(self):
         """A zero batch with the training data's element spec: for tracing and warm-up, so
         that no training data is touched before the run starts."""
-        images = tf.zeros(self.workload.input_shape(), tf.float32)
+        dtype = self.workload.input_dtype  # as check_data reads it
+        images = tf.zeros(self.workload.input_shape(), dtype)
         labels = self.workload.empty_label()
 
         def dataset_fn(context: tf.distribute.InputContext):
@@ -216,9 +244,12 @@ class Engine:
 
     def count_flops(self, batch) -> FlopCount:
         """FLOPs of this engine's own train step, traced at the batch it trains on. A worker's
-        traced step holds its own replicas only, so the count is per this worker's batch."""
+        traced step holds its own replicas only, so the count is per this worker's batch. With
+        XLA the step is traced without its compiled part: the same ops, in the one graph the
+        count reads (it does not enter the call of a compiled function)."""
         images, labels = batch
-        return count_function(self.train_step, images, labels, batch=self.local_batch)
+        plain = (False,) if self._compiled_loss_and_gradients is not None else ()
+        return count_function(self.train_step, images, labels, *plain, batch=self.local_batch)
 
     @property
     def local_batch(self) -> int:

@@ -1,4 +1,5 @@
-"""Learning-rate schedules and optimizers: SGD with momentum (Keras) and LARS (written here).
+"""Learning-rate schedules and optimizers: SGD with momentum (Keras) and LARS (written here),
+and dynamic loss scaling whose skip decision every replica shares.
 
 Weight decay is coupled, as in the reference: wd x ||w||^2 / 2 joins the loss (gradient wd x w),
 applied to all variables or to all but BN and bias variables (`decay_all_variables`).
@@ -91,6 +92,30 @@ class LARS(keras.optimizers.Optimizer):
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "eta": self.eta}
+
+
+class ReplicaAgreedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras's dynamic loss scaling, with the finiteness of the gradients agreed by all replicas.
+
+    Keras tests each replica's own gradients, before they are all-reduced. Where the strategy
+    uses merge calls (MirroredStrategy, MultiWorkerMirroredStrategy without XLA) it then takes
+    replica 0's answer for everyone: an overflow on another replica is all-reduced into the
+    update as Inf and the run diverges. Where it does not (those strategies inside XLA on GPUs,
+    TPUStrategy) each replica decides alone: replicas that disagree skip and apply on different
+    sides, and the all-reduce inside the apply waits for peers that never come. Here whether a
+    replica overflowed (0 or 1) is all-reduced first: the step is skipped, and the scale halved,
+    on every replica as soon as one of them overflows. One scalar all-reduce per step.
+    """
+
+    def check_finite(self, grads):
+        """True on every replica when no replica's gradients hold an Inf or NaN."""
+        locally_finite = super().check_finite(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return locally_finite
+        overflowed = tf.cast(tf.logical_not(locally_finite), tf.float32)
+        replicas_overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM, overflowed)
+        return tf.equal(replicas_overflowed, 0.0)
 
 
 def build_optimizer(

@@ -109,6 +109,7 @@ def _layers(setup: Setup, engine: Engine) -> dict:
         replicas=engine.replicas,
         global_batch=engine.global_batch,
         precision=engine.policy,
+        initial_loss_scale=engine.initial_loss_scale,
         intra_op_threads=threads,
     )
 
@@ -298,6 +299,14 @@ def initialise(run: BenchmarkRun, meter_log: str | None) -> None:
             view.message(f"{meter_log} does not exist yet; it is read when the run ends")
 
 
+class WorkerRunEnded(Exception):
+    """A worker other than the chief saw the run end early: it exits non-zero with the reason
+    (the chief writes the record), so that a scheduler never counts that task a success."""
+
+    def __init__(self, rank: int, status: str, reason: str):
+        super().__init__(f"worker {rank}: run {status}: {reason}")
+
+
 def timed_run(run: BenchmarkRun, power_hz: float) -> Outcome:
     """Train to the epoch budget with power sampled on every worker's node. Whatever ends the
     run (divergence, Ctrl-C, a lost peer, bad data, a defect) becomes its status and a
@@ -339,7 +348,8 @@ def classify_failure(error: BaseException, run: BenchmarkRun) -> tuple[str, str,
             return "failed", f"the input data failed mid-run: {user_error}", False
         if run.workers > 1 and isinstance(error, PEER_LOST):
             lost = f"lost contact with a peer worker ({name}: {first_line})"
-            return "stopped", f"{lost}; resume with --resume {run.run_dir}", True
+            where = run.run_dir or "RUN_DIR (the chief's run directory)"
+            return "stopped", f"{lost}; resume with --resume {where}", True
         return "failed", f"the run failed: {name}: {first_line}", False  # e.g. a corrupt shard
     if isinstance(error, UserError):
         return "failed", f"the run failed: {error}", False
@@ -372,6 +382,8 @@ def finish(
         others, others_notes = gather_energy(run)  # a collective: needs every peer
     if not run.chief:
         shutil.rmtree(run.save_dir, ignore_errors=True)
+        if outcome.status != "completed":
+            raise WorkerRunEnded(run.rank, outcome.status, "; ".join(run.warnings))
         return None, None
     energy, energy_warnings = energy_result(
         run.progress, outcome.notes + others_notes, power_hz, meter_log, others

@@ -2,6 +2,11 @@
 
 The engine owns distribution, the loop and the record; this module supplies only what is
 about images. Nothing here knows about strategies beyond the shard it is handed.
+
+Every image source (ImageNet, procedural, random) yields uint8 pixels, the workload's
+`input_dtype`: a quarter of float32's bytes through the input pipeline and onto the device.
+`model_inputs` normalises them there, at the start of the train and evaluation steps, so the
+model itself stays the plain ResNet-50.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ SPLITS = {"train": "train_examples", "validation": "eval_examples"}  # as named 
 class ImageClassification:
     name = "image_classification"
     quality_metric = "top1_accuracy"
+    input_dtype = tf.uint8  # what every data source yields; the engine checks it
 
     def __init__(self, preset: dict, data_dir: str | None):
         self.data, self.model_config = data_and_model(self.name, preset)
@@ -129,7 +135,8 @@ class ImageClassification:
         return (self.data.image_size, self.data.image_size, 3)
 
     def dataset(self, training: bool, seed: int, shard: tuple[int, int]) -> tf.data.Dataset:
-        """Unbatched (image, label) examples of one worker's shard."""
+        """Unbatched (uint8 image, label) examples of one worker's shard. Parallel stages keep
+        their order as the caller's `tf.data.Options().deterministic` says."""
         d = self.data
         if d.source == "random":
             return procedural.random_dataset(d.image_size, d.num_classes, seed)
@@ -149,8 +156,14 @@ class ImageClassification:
             one_hot, logits, from_logits=True, label_smoothing=label_smoothing
         )
 
+    def model_inputs(self, images):
+        """The model's input from a batch of uint8 pixels: float32, normalised by the ImageNet
+        channel statistics. Called inside the step, so it runs on the device."""
+        return imagenet.normalise(images)
+
     def per_example_loss(self, model, images, labels, label_smoothing: float):
-        return self.loss(labels, model(images, training=True), label_smoothing)
+        logits = model(self.model_inputs(images), training=True)
+        return self.loss(labels, logits, label_smoothing)
 
     def empty_label(self):
         """One example's label for tracing and warm-up."""
@@ -158,7 +171,8 @@ class ImageClassification:
 
     def eval_outputs(self, model, images, labels) -> dict:
         """Per example: 1 where the top prediction is the label."""
-        predicted = tf.argmax(model(images, training=False), axis=-1, output_type=tf.int32)
+        logits = model(self.model_inputs(images), training=False)
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
         return {"correct": tf.cast(tf.equal(predicted, labels), tf.float32)}
 
     def quality(self, batches: list[dict]) -> float:
