@@ -184,6 +184,7 @@ print(json.dumps(facts))
 )
 
 
+@pytest.mark.slow  # ~45 s on 2 cores: XLA compiles on the CPU
 def test_xla_compiles_each_replicas_gradients_but_not_the_update():
     """With training.xla the engine's outer train step is a plain graph: one XLA-compiled call
     per replica computes loss and gradients (the forward and backward convolutions live only
