@@ -247,3 +247,23 @@ def test_a_run_records_the_devices_it_used(tf_tiny):
     assert rec["layers"]["L5"]["devices_used"] == [CPU_DEVICE]
     assert len(rec["layers"]["L5"]["gpu_environment"]) == 2
     assert not any("--allow-cpu" in warning for warning in rec["warnings"])
+
+
+# bfloat16 asked for by name on GPUs that have none.
+
+
+def test_bf16_is_refused_on_gpus_before_ampere_and_names_fp16():
+    with pytest.raises(UserError, match=r"bf16 on GPU compute capability 7\.0, 7\.5: .*fp16"):
+        devices.bfloat16_check("mixed_bfloat16", [(7, 0), (7, 5), (8, 0)])
+
+
+@pytest.mark.parametrize(
+    "policy, capabilities",
+    [
+        ("mixed_bfloat16", [(8, 0), (9, 0), (10, 0)]),  # A100, H100/H200, B200
+        ("mixed_float16", [(7, 0)]),  # V100 in fp16, as the reference ran
+        ("float32", [(6, 0)]),
+    ],
+)
+def test_bf16_check_passes_what_the_hardware_computes(policy, capabilities):
+    assert devices.bfloat16_check(policy, capabilities) is None

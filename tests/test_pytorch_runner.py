@@ -287,6 +287,23 @@ def test_gpus_this_torch_cannot_use_are_refused_not_skipped(monkeypatch):
     assert torch_build.choose_device(fake_torch(cuda="13.0", available=True), "auto").type == "cuda"
 
 
+def test_bf16_on_a_gpu_without_bfloat16_is_refused(torch_installed):
+    import torch
+
+    def gpu(capability):
+        return types.SimpleNamespace(
+            float16=torch.float16,
+            bfloat16=torch.bfloat16,
+            cuda=types.SimpleNamespace(get_device_capability=lambda device: capability),
+        )
+
+    cuda = types.SimpleNamespace(type="cuda")
+    with pytest.raises(UserError, match=r"bf16 on GPU compute capability 7\.0.*precision=fp16"):
+        torch_build.check_mixed_precision(gpu((7, 0)), cuda, "mixed_bfloat16")
+    # The CPU computes bfloat16 whatever its generation; fp16 is asked for on a V100 as published.
+    torch_build.check_mixed_precision(torch, torch.device("cpu"), "mixed_bfloat16")
+
+
 def test_the_build_is_named(torch_installed):
     import torch
 

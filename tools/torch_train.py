@@ -122,7 +122,7 @@ class TorchRunner:
         self.initial_loss_scale = 2.0**16 if self.scaler.is_enabled() else None
         self.step = 0
         if self.mixed:
-            check_mixed_precision(torch, self.device)
+            check_mixed_precision(torch, self.device, self.precision)
 
     # ------------------------------------------------------------------ data
 

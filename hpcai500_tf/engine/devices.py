@@ -153,9 +153,26 @@ def compile_notice(
     )
 
 
-def check_devices(strategy, allow_cpu: bool, view=None) -> list[str]:
+BFLOAT16_CAPABILITY = (8, 0)  # bfloat16 tensor cores from Ampere (A100) on
+
+
+def bfloat16_check(policy: str, capabilities: list[tuple[int, int]]) -> None:
+    """A one-line UserError where bfloat16 was asked for on a GPU without bfloat16 arithmetic
+    (before compute capability 8.0: V100, T4): it would run emulated or not at all."""
+    older = sorted({c for c in capabilities if tuple(c) < BFLOAT16_CAPABILITY})
+    if policy != "mixed_bfloat16" or not older:
+        return
+    names = ", ".join(f"{major}.{minor}" for major, minor in older)
+    raise UserError(
+        f"training.precision=bf16 on GPU compute capability {names}: these GPUs have no "
+        "bfloat16 arithmetic (it needs 8.0, A100, or newer); use training.precision=fp16 "
+        "(float16 with loss scaling, as the reference ran on V100) or mixed"
+    )
+
+
+def check_devices(strategy, allow_cpu: bool, view=None, policy: str = "float32") -> list[str]:
     """Refuse a run whose TensorFlow sees fewer GPUs than this process may use (unless
-    `allow_cpu`);
+    `allow_cpu`), or that asks for bfloat16 (`policy`, Keras's name) on GPUs without it;
     announce a first-use compile on `view`, else on stderr. Call once the strategy is built.
     Returns the warnings for the record."""
     import tensorflow as tf
@@ -170,6 +187,8 @@ def check_devices(strategy, allow_cpu: bool, view=None) -> list[str]:
         capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
         if capability:
             capabilities.append(tuple(capability))
+    if computing:
+        bfloat16_check(policy, capabilities)
     compiled = tf.sysconfig.get_build_info().get("cuda_compute_capabilities") or []
     notice = compile_notice(capabilities, list(compiled), os.environ)
     for line in filter(None, (warning, notice)):

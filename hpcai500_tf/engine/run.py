@@ -211,7 +211,9 @@ def prepare_run(
     config_id = fingerprint(setup.config)
     engine = build_engine(setup, data_dir, None, view)
     _, workers, rank = strategies.describe(engine.strategy, setup.training.strategy)
-    device_warnings = devices.check_devices(engine.strategy, allow_cpu, view if rank == 0 else None)
+    device_warnings = devices.check_devices(
+        engine.strategy, allow_cpu, view if rank == 0 else None, engine.policy
+    )
     if workers > 1:
         check_multi_worker(engine, workers, config_id)
     if rank != 0:
@@ -530,7 +532,7 @@ def flops_report(setup: Setup, allow_cpu: bool = False) -> dict:
     """FLOPs per example both ways, without training (the setup's data is not read), on the
     devices a run would use (checked as a run's are)."""
     engine = build_engine(setup, None)
-    devices.check_devices(engine.strategy, allow_cpu)
+    devices.check_devices(engine.strategy, allow_cpu, policy=engine.policy)
     return {
         **measure_flops(engine, engine.synthetic_batch()),
         "global_batch": engine.global_batch,
