@@ -170,6 +170,17 @@ def _gpu_named(entry: str, uuids: list[str]) -> int | None:
     return None
 
 
+def cuda_visible_entries(value: str) -> list[str]:
+    """The entries of a set CUDA_VISIBLE_DEVICES that CUDA reads: up to the first empty or
+    negative one (CUDA ignores it and everything after it)."""
+    entries = []
+    for entry in (entry.strip() for entry in value.split(",")):
+        if not entry or entry.startswith("-") or entry == "NoDevFiles":
+            break
+        entries.append(entry)
+    return entries
+
+
 def cuda_visible_gpus(value: str | None, uuids: list[str]) -> tuple[list[int] | None, str | None]:
     """The NVML indices of the GPUs a CUDA program here may use, given CUDA_VISIBLE_DEVICES
     (`value`, None when unset) and the UUID of each GPU in NVML order; and a one-line note
@@ -183,9 +194,7 @@ def cuda_visible_gpus(value: str | None, uuids: list[str]) -> tuple[list[int] | 
     if value is None:
         return list(range(len(uuids))), None
     chosen: list[int] = []
-    for entry in (entry.strip() for entry in value.split(",")):
-        if not entry or entry.startswith("-") or entry == "NoDevFiles":
-            break
+    for entry in cuda_visible_entries(value):
         if entry.startswith("MIG-"):
             return None, (
                 f"CUDA_VISIBLE_DEVICES={value!r} names MIG instances: not resolved to GPUs "

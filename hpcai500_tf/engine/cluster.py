@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from hpcai500_tf import benchmark_layers
 from hpcai500_tf.errors import UserError
 
 SLURM_PORT_BASE = 8888
@@ -142,12 +143,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None, count: int | None = N
     listed = environ.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return [str(index) for index in range(count)]
-    visible = []
-    for entry in (entry.strip() for entry in listed.split(",")):
-        if not entry or entry.startswith("-") or entry == "NoDevFiles":
-            break
-        visible.append(entry)
-    return visible
+    return benchmark_layers.cuda_visible_entries(listed)
 
 
 def resolve_collective(requested: str, gpus: list) -> str:
