@@ -32,6 +32,17 @@ def make_image_folder(root: Path, classes: int = 3, per_class: int = 4) -> Path:
     return root
 
 
+# The settings that read `imagenet_dir`: its 3 classes are labelled from 1, as ImageNet's
+# TFRecords are, and its examples are counted from the shards (0).
+IMAGENET_FIXTURE_SETTINGS = [
+    "data.source=imagenet",
+    "data.train_examples=0",
+    "data.eval_examples=0",
+    "data.label_offset=1",
+    "data.num_classes=3",
+]
+
+
 @pytest.fixture(scope="module")
 def imagenet_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagenet")
@@ -127,11 +138,7 @@ def test_parallel_stages_keep_their_order_only_when_the_config_asks(imagenet_dir
         "tiny",
         [
             f"training.deterministic={str(deterministic).lower()}",
-            "data.source=imagenet",
-            "data.train_examples=0",
-            "data.eval_examples=0",
-            "data.label_offset=1",
-            "data.num_classes=3",
+            *IMAGENET_FIXTURE_SETTINGS,
             "training.batch_per_replica=4",
         ],
     )

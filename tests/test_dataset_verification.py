@@ -16,7 +16,7 @@ from hpcai500_tf.record_builder import not_rankable_reasons
 from hpcai500_tf.workloads.extreme_weather import ExtremeWeather
 from hpcai500_tf.workloads.image_classification import ImageClassification
 
-from .test_data import imagenet_dir  # noqa: F401  (fixture)
+from .test_data import IMAGENET_FIXTURE_SETTINGS, imagenet_dir  # noqa: F401  (fixture)
 
 
 @pytest.fixture(autouse=True)
@@ -154,14 +154,7 @@ def _image_classification(data_dir, *overrides):
     setup = config.prepare(
         "image_classification",
         "tiny",
-        [
-            "data.source=imagenet",
-            "data.train_examples=0",
-            "data.eval_examples=0",
-            "data.label_offset=1",
-            "data.num_classes=3",
-            *overrides,
-        ],
+        [*IMAGENET_FIXTURE_SETTINGS, *overrides],
     )
     return setup, ImageClassification(setup.config, str(data_dir))
 

@@ -16,7 +16,7 @@ import pytest
 from hpcai500_tf import record
 from hpcai500_tf.errors import UserError
 
-from .test_data import imagenet_dir  # noqa: F401  (fixture)
+from .test_data import IMAGENET_FIXTURE_SETTINGS, imagenet_dir  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -156,11 +156,7 @@ def test_pytorch_runner_reads_the_imagenet_tfrecord_shards(
     imagenet_dir,  # noqa: F811
 ):
     overrides = [
-        "data.source=imagenet",
-        "data.train_examples=0",
-        "data.eval_examples=0",
-        "data.label_offset=1",
-        "data.num_classes=3",
+        *IMAGENET_FIXTURE_SETTINGS,
         "training.batch_per_replica=4",
         "training.deterministic=true",  # imports torch._inductor (and triton where present)
     ]

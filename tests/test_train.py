@@ -14,7 +14,11 @@ from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.workloads.image_classification import ImageClassification
 
-from .test_data import imagenet_dir, make_image_folder  # noqa: F401  (fixture)
+from .test_data import (  # noqa: F401  (fixture)
+    IMAGENET_FIXTURE_SETTINGS,
+    imagenet_dir,
+    make_image_folder,
+)
 
 
 def _only_run_dir(out: Path) -> Path:
@@ -240,18 +244,8 @@ def test_imagenet_tfrecords_train_end_to_end(tmp_path, imagenet_dir):  # noqa: F
         str(imagenet_dir),
         "--out",
         str(tmp_path),
-        "--set",
-        "data.source=imagenet",
-        "--set",
-        "data.train_examples=0",
-        "--set",
-        "data.eval_examples=0",
-        "--set",
-        "data.label_offset=1",
-        "--set",
-        "data.num_classes=3",
-        "--set",
-        "training.batch_per_replica=4",
+        *(f"--set={setting}" for setting in IMAGENET_FIXTURE_SETTINGS),
+        "--set=training.batch_per_replica=4",
     ]
     assert main(args) == 0
     rec = record.load(_only_run_dir(tmp_path) / "record.json")
