@@ -384,6 +384,17 @@ class OptimizerConfig:
         return None
 
 
+def precision_policy_on(precision: str, on_gpu: bool) -> str:
+    """Keras's policy name for `training.precision` (every framework's runner records it):
+    fp32, or mixed precision: float16 with dynamic loss scaling on any GPU (the reference's
+    arithmetic, kept on GPUs that have bfloat16 too so that generations compare at one
+    precision), bfloat16 on CPUs (the reduced precision oneDNN computes fast); `fp16` and
+    `bf16` choose one by name."""
+    if precision == "mixed":
+        return "mixed_float16" if on_gpu else "mixed_bfloat16"
+    return {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
+
+
 def peak_learning_rate(config: OptimizerConfig, global_batch: int) -> float:
     """The learning rate after warm-up: the base rate scaled by global batch / 256."""
     return config.base_learning_rate * global_batch / 256

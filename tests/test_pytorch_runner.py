@@ -131,6 +131,8 @@ SHARED_WITHOUT_TENSORFLOW = (
     "hpcai500_tf.energy.sampler",
     "hpcai500_tf.energy.sources",
     "hpcai500_tf.engine.mllog",
+    "hpcai500_tf.engine.devices",  # bf16 against the GPU generation
+    "hpcai500_tf.config",
 )
 
 

@@ -87,15 +87,10 @@ def check_mixed_precision(torch, device, policy: str) -> None:
     """Mixed precision (`policy`: mixed_float16 or mixed_bfloat16) needs autocast kernels for
     convolutions in its type, and bfloat16 needs a GPU that computes in it (8.0, A100, on)."""
     dtype = torch.float16 if policy == "mixed_float16" else torch.bfloat16
-    if dtype == torch.bfloat16 and device.type == "cuda":
-        capability = tuple(torch.cuda.get_device_capability(device))
-        if capability < (8, 0):
-            raise UserError(
-                f"training.precision=bf16 on GPU compute capability {capability[0]}."
-                f"{capability[1]}: this GPU has no bfloat16 arithmetic (it needs 8.0, A100, or "
-                "newer); use training.precision=fp16 (float16 with loss scaling, as the "
-                "reference ran on V100) or mixed"
-            )
+    if device.type == "cuda":
+        from hpcai500_tf.engine.devices import bfloat16_check  # the TensorFlow side's check
+
+        bfloat16_check(policy, [tuple(torch.cuda.get_device_capability(device))])
     try:
         with torch.autocast(device.type, dtype=dtype):
             x = torch.ones(1, 2, 4, 4, device=device)

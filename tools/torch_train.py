@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from torch_build import check_mixed_precision, choose_device, import_torch, torch_build  # noqa: E402
 from torch_data import Feeder, FeederError  # noqa: E402
 
-from hpcai500_tf.config import peak_learning_rate  # noqa: E402
+from hpcai500_tf.config import peak_learning_rate, precision_policy_on  # noqa: E402
 from hpcai500_tf.errors import UserError  # noqa: E402
 
 
@@ -108,12 +108,7 @@ class TorchRunner:
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
         self.peak = peak_learning_rate(o, self.global_batch)
         self.mixed = t.precision != "fp32"
-        self.precision = {
-            "fp32": "float32",
-            "fp16": "mixed_float16",
-            "bf16": "mixed_bfloat16",
-            "mixed": "mixed_float16" if self.device.type == "cuda" else "mixed_bfloat16",
-        }[t.precision]
+        self.precision = precision_policy_on(t.precision, self.device.type == "cuda")
         self.scaler = torch.amp.GradScaler(
             "cuda",
             init_scale=2.0**16,

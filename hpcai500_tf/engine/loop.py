@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config  # disable_op_determinism
 
 from hpcai500_tf import record as record_io
-from hpcai500_tf.config import OptimizerConfig, TrainingConfig
+from hpcai500_tf.config import OptimizerConfig, TrainingConfig, precision_policy_on
 from hpcai500_tf.engine import optimizers
 from hpcai500_tf.engine.mllog import MLLogger
 from hpcai500_tf.engine.run_record import Progress
@@ -59,15 +59,8 @@ class Diverged(Exception):
 
 
 def precision_policy(precision: str) -> str:
-    """fp32, or mixed precision: float16 with dynamic loss scaling on any GPU (the reference's
-    arithmetic, kept on GPUs that have bfloat16 too so that generations compare at one
-    precision), bfloat16 on CPUs (the reduced precision oneDNN computes fast); `fp16` and
-    `bf16` choose one by name."""
-    if precision == "fp32":
-        return "float32"
-    if precision in ("fp16", "bf16"):  # asked for by name (e.g. bf16 on A100 and newer)
-        return {"fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]
-    return "mixed_float16" if tf.config.list_physical_devices("GPU") else "mixed_bfloat16"
+    """`training.precision` as Keras's policy on the devices TensorFlow sees."""
+    return precision_policy_on(precision, bool(tf.config.list_physical_devices("GPU")))
 
 
 class Engine:
