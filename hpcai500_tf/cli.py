@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from hpcai500_tf import __version__
-from hpcai500_tf.errors import UserError
-from hpcai500_tf.tensorflow_import import import_tensorflow
+from hpcai500_tf.errors import ArgumentParser, UserError
+from hpcai500_tf.tensorflow_import import import_tensorflow, keep_tensorflow_quiet
 
 MAX_POWER_SECONDS = 86_400
 
@@ -334,7 +334,7 @@ def _add_allow_cpu(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="hpcai500-tf",
         description="HPC AI500 V2.0 benchmark in TensorFlow/Keras.",
     )
@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ banners quiet
+    keep_tensorflow_quiet()  # before any TensorFlow starts, here or in a worker process
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -48,9 +48,20 @@ def replica_values(strategy, value):
 
 # A step with merge calls (MirroredStrategy as the engine runs it): replica 1's half of the
 # batch is huge, so its float16 gradients of the scaled loss overflow; replica 0's do not.
+# Every weight and bias is 0.1 (no random initialiser), so the premise does not depend on the
+# draw: replica 0's outputs are 0.19 and its largest float16 value in the backward pass is
+# about 2**15 x 0.19 = 6,200, a tenth of float16's maximum (65,504), whatever the CPU rounds;
+# replica 1's outputs are about 3,600 and its gradients about 2**15 x 1,800 = 6e7: Inf.
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    constant = keras.initializers.Constant(0.1)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(3, kernel_initializer=constant, bias_initializer=constant),
+            keras.layers.Dense(1, kernel_initializer=constant, bias_initializer=constant),
+        ]
+    )
     optimizer = loss_scale_optimizer()
     optimizer.build(model.trainable_variables)
 before = [v.numpy() for v in model.trainable_variables]
@@ -61,7 +72,7 @@ inputs = per_replica(strategy, [np.full((2, 4), 0.5, np.float32), np.full((2, 4)
 def step(x):
     def replica(x):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.square(tf.cast(model(x), tf.float32) - 1.0)) / 4.0
+            loss = tf.reduce_sum(tf.square(tf.cast(model(x), tf.float32))) / 4.0
             scaled = optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
         locally_finite = keras.optimizers.LossScaleOptimizer.check_finite(optimizer, gradients)
@@ -122,8 +133,9 @@ def test_an_overflow_on_one_replica_skips_the_step_on_every_replica():
     weights and halve the loss scale, with merge calls; without them both decide alike.
     Keras's own LossScaleOptimizer (`python -c SCRIPT stock`) applies Inf instead."""
     facts = run_two_cpus(LOSS_SCALING, "agreed")
-    assert facts["merge_call"] and facts["no_merge_call"]
-    assert facts["locally_finite"] == [1.0, 0.0]  # the premise: only replica 1 overflowed
+    assert facts["merge_call"] and facts["no_merge_call"], facts
+    # The premise: only replica 1's gradients overflowed (the facts say what happened if not).
+    assert facts["locally_finite"] == [1.0, 0.0], facts
     assert facts["unchanged"] and facts["finite"]
     assert facts["scales"] == [2.0**14, 2.0**14]
     assert facts["no_merge_call_finite"] == [0.0, 0.0]

@@ -22,7 +22,6 @@ passed, 1 otherwise (the summary says which and why).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,6 +32,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hpcai500_tf.errors import ArgumentParser
+from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
 ALL_REDUCE_MIB = 256
@@ -264,12 +266,13 @@ def check_roofline(rehearse: bool, work: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu_check.json", help="the JSON summary")
     parser.add_argument("--steps", type=int, default=30, help="timed train steps per precision")
     parser.add_argument("--batch", type=int, default=256, help="batch per GPU at 224x224")
     parser.add_argument("--rehearse-on-cpu", action="store_true")
     args = parser.parse_args()
+    keep_tensorflow_quiet()  # inherited by each check's process (their stderr tails are kept)
     out = Path(args.out)
     if out.exists():
         print(f"gpu_check: {out} exists; choose another --out", file=sys.stderr)

@@ -14,17 +14,17 @@ test files small. `hpcai500-tf train extreme_weather --preset reference --data O
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpcai500_tf.data.extreme_weather import write_synthetic  # noqa: E402
+from hpcai500_tf.errors import ArgumentParser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--years", type=int, nargs="+", required=True)
     parser.add_argument("--samples", type=int, default=64, help="per year file")

@@ -11,10 +11,14 @@ Shards are written as `<split>-NNNNN-of-MMMMM` through temporary files: nothing 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hpcai500_tf.errors import ArgumentParser  # noqa: E402
+from hpcai500_tf.tensorflow_import import import_tensorflow  # noqa: E402
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif"}
 
@@ -53,8 +57,6 @@ def example(tf, path: Path, label: int):
 
 def convert(src: Path, out: Path, split: str, shards: int, first_label: int) -> int:
     """Write the shards; returns the number of records. Raises ValueError on bad input."""
-    import tensorflow as tf
-
     if not src.is_dir():
         raise ValueError(f"{src}: not a directory")
     classes = sorted(p.name for p in src.iterdir() if p.is_dir())
@@ -71,6 +73,9 @@ def convert(src: Path, out: Path, split: str, shards: int, first_label: int) -> 
     if shards < 1:
         raise ValueError(f"--shards must be >= 1, got {shards}")
     shards = min(shards, len(items))
+    import_tensorflow()  # its native start-up lines kept off the console
+    import tensorflow as tf
+
     out.mkdir(parents=True, exist_ok=True)
     for shard in range(shards):
         name = out / f"{split}-{shard:05d}-of-{shards:05d}"
@@ -85,7 +90,7 @@ def convert(src: Path, out: Path, split: str, shards: int, first_label: int) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--split", choices=("train", "validation"), default="train")

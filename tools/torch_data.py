@@ -171,9 +171,9 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic) -> None:
     """The child: build the workload, then answer the runner's requests in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     try:
-        import os
+        from hpcai500_tf.tensorflow_import import import_tensorflow
 
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import_tensorflow()  # its native start-up lines kept off the runner's console
         import tensorflow as tf
 
         tf.config.set_visible_devices([], "GPU")  # the accelerators are PyTorch's

@@ -25,7 +25,6 @@ only (LARS is refused).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import sys
@@ -40,7 +39,8 @@ from torch_build import check_mixed_precision, choose_device, import_torch, torc
 from torch_data import Feeder, FeederError  # noqa: E402
 
 from hpcai500_tf.config import peak_learning_rate, precision_policy_on  # noqa: E402
-from hpcai500_tf.errors import UserError  # noqa: E402
+from hpcai500_tf.errors import ArgumentParser, UserError  # noqa: E402
+from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet  # noqa: E402
 
 
 def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:
@@ -422,7 +422,7 @@ def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("benchmark")
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     # This process must never load TensorFlow (tools/torch_data.py says why): make an import of
     # it fail here, loudly, rather than crash later inside triton.
     sys.modules["tensorflow"] = None
+    keep_tensorflow_quiet()  # inherited by the feeder process, which runs TensorFlow
     from hpcai500_tf import config
     from hpcai500_tf.energy.sampler import check_rate
 
