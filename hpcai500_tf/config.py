@@ -30,7 +30,7 @@ INT32_MAX = 2**31 - 1  # the largest seed, count or size TensorFlow and numpy ta
 @dataclass(frozen=True)
 class Convention:
     """How a score is read: the quality exponent and the FLOP count. "stated" is the rule as
-    published; another names what a published table's figures imply (see the README)."""
+    published; another names what a published table's figures imply (see docs/scoring.md)."""
 
     name: str
     description: str

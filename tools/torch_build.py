@@ -1,7 +1,7 @@
 """Which PyTorch this is, and whether it can run what the runner asks: checks that end in one
 line naming the install to use, shared by the runner and the benchmarks that measure PyTorch.
 
-Installs (see the README): a CPU-only build,
+Installs (see docs/frameworks.md, "Installing PyTorch"): a CPU-only build,
     pip install torch --index-url https://download.pytorch.org/whl/cpu
 or PyPI's default Linux x86-64 build, which is a CUDA build with its CUDA libraries and triton.
 """
