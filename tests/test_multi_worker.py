@@ -114,6 +114,10 @@ def test_a_two_worker_run_writes_one_valid_record(two_worker_random):
     one, _, _, _ = two_worker_random
     ratio = two["flops"]["per_example_training"] / one["flops"]["per_example_training"]
     assert 0.95 < ratio < 1.05
+    # The per-op breakdown is per example too: it sums to the count on one worker and on two.
+    for flops in (one["flops"], two["flops"]):
+        breakdown = sum(flops["by_op_type_per_example"].values())
+        assert breakdown == pytest.approx(flops["per_example_training"], rel=1e-9)
 
 
 def test_scaling_command_reports_strong_scaling(two_worker_random, tmp_path, capsys):

@@ -81,9 +81,8 @@ def measure_flops(engine: Engine, batch) -> dict:
         "basis": "tensorflow-profiler",
         "counted_op_types": sorted(train.by_op_type),
         "uncounted_op_types": train.uncounted_op_types,
-        "by_op_type_per_example": {
-            k: v / engine.global_batch for k, v in sorted(train.by_op_type.items())
-        },
+        # per example of the batch the step was traced at (this worker's), as the total is
+        "by_op_type_per_example": {k: v / train.batch for k, v in sorted(train.by_op_type.items())},
     }
 
 
