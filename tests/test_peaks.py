@@ -242,3 +242,33 @@ def test_l1_marks_the_visible_gpus_and_counts_only_those(monkeypatch):
     assert not any(g["visible"] for g in layer["accelerators"])
     assert layer["accelerator_note"] == "CUDA_VISIBLE_DEVICES='' leaves no GPU to this run"
     assert "GPU" not in peaks.theoretical_peak("fp32", layer)[1]  # the CPU's peak, or none
+
+
+def test_a_peak_from_the_current_clock_is_an_estimate_never_an_efficiency_above_one(
+    tmp_path, monkeypatch
+):
+    """A 2-core Zen 4 VM whose hypervisor shows no maximum clock and the model name "AMD EPYC":
+    the peak comes from the current clock (2.60 GHz: 166 GFLOP/s fp32) and roofline --quick
+    measured 231 GFLOP/s. The peak is called an estimate; no efficiency is given against it,
+    and the measured ceiling above it is a warning naming both."""
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\ncpu MHz\t\t: 2600.000\n")
+    monkeypatch.setattr(peaks, "CPUINFO", path)
+    facts = hardware(cpuinfo("AuthenticAMD", 25, 17, "AMD EPYC", ZEN4_FLAGS), tmp_path)
+    peak, method = peaks.theoretical_peak("fp32", facts)
+    assert peak == pytest.approx(2 * 2.6e9 * 32)  # 166.4 GFLOP/s
+    below, why_below = peaks.efficiency(150e9, peak, method)
+    assert below is None and "estimate from the current clock" in why_below
+    above, why_above = peaks.efficiency(231e9, peak, method)
+    assert above is None
+    assert "231.0 GFLOP/s is above the stated peak 166.4 GFLOP/s" in why_above
+    assert "current, not max" in why_above
+
+
+def test_efficiency_against_an_upper_bound(tmp_path):
+    text = cpuinfo("AuthenticAMD", 25, 17, "AMD EPYC 9654 96-Core Processor", ZEN4_FLAGS, 96, 2)
+    peak, method = peaks.theoretical_peak("fp32", hardware(text, tmp_path, max_khz=3_700_000))
+    assert peaks.efficiency(peak / 4, peak, method) == (pytest.approx(0.25), None)
+    above, warning = peaks.efficiency(peak * 1.1, peak, method)
+    assert above is None and "no upper bound here" in warning
+    assert peaks.efficiency(1e9, None, "unknown: ...") == (None, None)

@@ -230,11 +230,18 @@ def ceilings_table(result: dict) -> Table:
             si(r["theoretical_peak"], "FLOPS"),
             efficiency,
         )
+    notes = [
+        f"{dtype}: {r['peak_warning']}"
+        for dtype, r in result["dtypes"].items()
+        if r.get("peak_warning")
+    ]
     if result["skipped"]:
-        table.caption = escape(
+        notes.append(
             "skipped: "
             + "; ".join(f"{what}: {reason}" for what, reason in result["skipped"].items())
         )
+    if notes:
+        table.caption = escape("\n".join(notes))
     return table
 
 

@@ -7,7 +7,9 @@ FMA units per core), keyed by what /proc/cpuinfo says (vendor, family, model, mo
 core not in the table has no peak, rather than one guessed from its ISA flags. The clock is
 the highest the OS reports (cpufreq's maximum, else the model name's nominal clock, else the
 current clock, said so). Both are upper bounds for orientation: a GPU rarely holds its boost
-clock under full load, and wide vector or AMX code runs below a CPU's maximum clock.
+clock under full load, and wide vector or AMX code runs below a CPU's maximum clock. A peak
+from the current clock is not an upper bound (a hypervisor may show a low clock that the cores
+exceed under load): it is called an estimate, and no efficiency is taken against it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
+CURRENT_CLOCK = "current, not max"  # in a peak's method: the peak is an estimate, not a bound
 
 # ----------------------------------------------------------------------------- GPUs
 
@@ -240,7 +243,7 @@ def cpu_peak(dtype: str, hardware: dict) -> tuple[float | None, str]:
         return None, f"{design.name}: {units}"
     clock, clock_source = hardware.get("cpu_clock_hz"), hardware.get("cpu_clock_source")
     if not clock:
-        clock, clock_source = current_clock_hz(), "current, not max: /proc/cpuinfo cpu MHz"
+        clock, clock_source = current_clock_hz(), f"{CURRENT_CLOCK}: /proc/cpuinfo cpu MHz"
     cores = hardware.get("cpu_physical_cores")
     core_kind = "physical cores" if cores else "logical cores (physical cores not reported)"
     cores = cores or hardware.get("cpu_logical_cores")
@@ -263,3 +266,23 @@ def theoretical_peak(dtype: str, hardware: dict) -> tuple[float | None, str]:
         return None, "unknown: which GPUs the run uses (CUDA_VISIBLE_DEVICES names MIG instances)"
     used = [g for g in gpus if g.get("visible", True)]
     return gpu_peak(dtype, used) if used else cpu_peak(dtype, hardware)
+
+
+def efficiency(measured: float, peak: float | None, method: str) -> tuple[float | None, str | None]:
+    """(measured / peak, or None; a warning, or None). An efficiency is only taken against a
+    peak that is an upper bound; a measured ceiling above the stated peak is a warning naming
+    both, never an efficiency above 1."""
+    if not peak:
+        return None, None
+    if measured > peak:
+        return None, (
+            f"measured ceiling {measured / 1e9:.1f} GFLOP/s is above the stated peak "
+            f"{peak / 1e9:.1f} GFLOP/s ({method}): that peak is no upper bound here, so no "
+            "efficiency is given"
+        )
+    if CURRENT_CLOCK in method:
+        return None, (
+            f"the peak {peak / 1e9:.1f} GFLOP/s is an estimate from the current clock (the "
+            "maximum clock is not reported here), not an upper bound: no efficiency is given"
+        )
+    return measured / peak, None

@@ -96,6 +96,9 @@ def measure_ceilings(plan: SweepPlan, conv_shapes: list[timed_ops.ConvShape], sa
             continue
         compute = max(v for v in (gemm_peak, conv_peak) if v is not None)
         peak, peak_method = peaks.theoretical_peak(dtype, hardware)
+        efficiency, peak_warning = peaks.efficiency(compute, peak, peak_method)
+        if peak_warning:
+            say(f"{dtype}: {peak_warning}")
         results[dtype] = {
             "gemm": gemm,
             "conv": convs,
@@ -104,7 +107,8 @@ def measure_ceilings(plan: SweepPlan, conv_shapes: list[timed_ops.ConvShape], sa
             "ridge_point": compute / best_bandwidth if best_bandwidth else None,
             "theoretical_peak": peak,
             "theoretical_peak_method": peak_method,
-            "efficiency": compute / peak if peak else None,
+            "efficiency": efficiency,
+            "peak_warning": peak_warning,
         }
     return {
         "bandwidth": bandwidth,
