@@ -108,7 +108,8 @@ def worker_environments(
     unequal shares, and the strategy needs the same replicas on every worker."""
     if gpus and len(gpus) % workers:
         raise UserError(_gpu_split_error(workers, gpus, base_env))
-    threads = str(max(1, (cpus or os.cpu_count() or 1) // workers))
+    usable = cpus or len(os.sched_getaffinity(0))  # the cores this process may run on
+    threads = str(max(1, usable // workers))
     shares = {name: base_env.get(name, threads) for name in THREAD_VARIABLES}
     per_worker = len(gpus) // workers
     environments = []

@@ -12,9 +12,10 @@ from hpcai500_tf.models import kernels, resnet
 from hpcai500_tf.workloads import build_workload
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def float32_policy():
-    """Layers built in float32 whatever an earlier test left as Keras' global policy."""
+    """Layers built in float32 whatever an earlier test (a training run sets Keras's global
+    policy) left, in any order; a test that wants bfloat16 asks for it by dtype."""
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("float32")
     yield
@@ -36,6 +37,7 @@ def _twin_resnets() -> tuple[keras.Model, keras.Model]:
     """A tiny ResNet on the CPU workarounds and one on stock layers, with the same weights:
     random batch-norm scales, shifts and moving statistics, so that each path matters, and
     logits of order 10 (not 0.1), so that the tolerances below are tight."""
+    keras.utils.set_random_seed(0)  # the convolution kernels too: the same draw in any order
     workarounds, stock = _tiny_resnet("cpu-workarounds"), _tiny_resnet("stock")
     for index, variable in enumerate(workarounds.weights):
         seed = [index, 1]
@@ -58,9 +60,12 @@ def test_stock_and_cpu_workarounds_give_the_same_logits_and_gradients(float32_po
     assert workaround_classes <= {type(layer) for layer in workarounds.layers}
     assert not workaround_classes & {type(layer) for layer in stock.layers}
     assert resnet.analytical_forward_flops(workarounds) == resnet.analytical_forward_flops(stock)
+    # Fused and stock batch norm, and oneDNN's or Eigen's kernels beside the workarounds,
+    # round differently (the last stage normalises a few values, which amplifies it): 1e-3 on
+    # logits of order 10 and 5e-3 on gradient norms; a wrong path is off by more than 10 %.
     images = tf.random.stateless_normal([8, 32, 32, 3], [2, 3])
     np.testing.assert_allclose(
-        workarounds(images, training=False), stock(images, training=False), atol=1e-4, rtol=1e-4
+        workarounds(images, training=False), stock(images, training=False), atol=1e-3, rtol=1e-3
     )
     gradients = []
     for model in (workarounds, stock):
@@ -70,10 +75,10 @@ def test_stock_and_cpu_workarounds_give_the_same_logits_and_gradients(float32_po
         gradients.append(tape.gradient(loss, model.trainable_variables))
         if model is workarounds:
             expected_logits = logits
-    np.testing.assert_allclose(expected_logits, logits, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(expected_logits, logits, atol=1e-3, rtol=1e-3)
     for variable, ours, theirs in zip(workarounds.trainable_variables, *gradients, strict=True):
         scale = max(float(tf.norm(theirs)), 1e-6)
-        assert float(tf.norm(ours - theirs)) / scale < 1e-3, variable.path
+        assert float(tf.norm(ours - theirs)) / scale < 5e-3, variable.path
 
 
 def test_auto_resolves_to_the_workarounds_on_a_cpu_only_machine(monkeypatch):
@@ -121,6 +126,7 @@ def test_l7_records_the_kernels_that_ran(choice):
 
 
 def test_only_a_model_with_the_bfloat16_relu_asks_for_the_finiteness_term(float32_policy):
+    keras.utils.set_random_seed(0)  # the convolution kernels too: the same draw in any order
     workarounds, stock = _tiny_resnet("cpu-workarounds"), _tiny_resnet("stock")
     assert kernels.finiteness_variables(stock) == []
     assert kernels.finiteness_term([]) == 0.0
@@ -247,4 +253,5 @@ def test_strided_bfloat16_conv_over_one_column_has_a_finite_right_gradient(heigh
             y = ours_bf16(tf.cast(x, tf.bfloat16))
             loss = tf.reduce_sum(keras.ops.sin(tf.cast(y, tf.float32)))
         (gradient,) = tape.gradient(loss, [ours_bf16.kernel])
+        assert np.isfinite(gradient).all(), "the bfloat16 filter gradient is not finite"
         np.testing.assert_allclose(gradient, expected_gradient, rtol=0.05, atol=0.3)

@@ -16,10 +16,12 @@ def test_chained_gemm_stays_below_the_machine_peak():
     """Unchained, identical matmuls are merged and report several times the peak."""
     rate, timing, layout = timed_ops.gemm(256, "fp32", min_seconds=0.02)
     assert layout in timed_ops.GEMM_LAYOUTS
-    peak, _ = peaks.theoretical_peak("fp32", benchmark_layers.hardware_layer())
+    peak, method = peaks.theoretical_peak("fp32", benchmark_layers.hardware_layer())
     assert timing.repetitions >= 1 and rate > 0
-    if peak:  # the reported clock may sit below the turbo clock: allow 2x, not 5x
-        assert rate < 2 * peak
+    # A maximum clock may sit below the turbo clock: allow 2x, not 5x. A peak from the current
+    # clock is only an estimate (1.39x was measured against one on a Zen 4 VM): allow 4x.
+    if peak:
+        assert rate < (4 if peaks.CURRENT_CLOCK in method else 2) * peak, method
 
 
 def test_conv_passes_and_stream_measure_something():
