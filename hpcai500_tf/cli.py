@@ -34,6 +34,19 @@ def _sysinfo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    from hpcai500_tf.engine import cluster
+
+    plan = cluster.cluster_plan()
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return 0
+    from hpcai500_tf.report.console import cluster_table, console
+
+    console.print(cluster_table(plan))
+    return 0
+
+
 def _load_records(paths: list[str]) -> list[tuple[str, dict]]:
     from hpcai500_tf import record
 
@@ -444,6 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     sysinfo = commands.add_parser("sysinfo", help="show the observable layers of this machine")
     sysinfo.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sysinfo.set_defaults(handler=_sysinfo)
+
+    cluster = commands.add_parser(
+        "cluster",
+        help="show the multi-worker cluster this process would join (Slurm, TF_CONFIG or a "
+        "single worker), without joining it",
+    )
+    cluster.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    cluster.set_defaults(handler=_cluster)
 
     score = commands.add_parser("score", help="recompute FLOPS and Valid FLOPS of result records")
     score.add_argument("records", nargs="+", metavar="RECORD")

@@ -173,34 +173,78 @@ def test_l3_records_the_resolved_implementation_and_the_request():
 
 
 @pytest.mark.parametrize(
-    "nodes, tasks_per_node, local_id, expected",
-    [("node[1-2]", "1(x2)", "0", "4,5,6,7"), ("node1", "2", "1", "6,7")],
+    "nodes, tasks_per_node, host, local_id, expected",
+    [("node[1-2]", "1(x2)", "node2", "0", "4,5,6,7"), ("node1", "2", "node1", "1", "6,7")],
 )
 def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
-    tmp_path, monkeypatch, nodes, tasks_per_node, local_id, expected
+    monkeypatch, nodes, tasks_per_node, host, local_id, expected
 ):
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    scontrol = fake_bin / "scontrol"
-    scontrol.write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
-    scontrol.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
     for key, value in {
         "CUDA_VISIBLE_DEVICES": "4,5,6,7",  # granted by Slurm, numbered as on the node
+        "SLURM_JOB_ID": "42",
         "SLURM_PROCID": "1",
         "SLURM_LOCALID": local_id,
+        "SLURMD_NODENAME": host,
         "SLURM_NTASKS": "2",
         "SLURM_STEP_NUM_TASKS": "2",
         "SLURM_STEP_NODELIST": nodes,
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+        "SLURM_CPUS_PER_TASK": "16",
     }.items():
         monkeypatch.setenv(key, value)
     resolver, found = cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 1
     assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
     assert resolver.num_accelerators()["GPU"] == len(expected.split(","))
+
+
+@pytest.mark.parametrize("gpu_binding", [{"SLURM_GPUS_PER_TASK": "1"}, {}])
+def test_a_slurm_task_bound_to_one_gpu_uses_it(monkeypatch, gpu_binding):
+    """srun --gpus-per-task=1 (or --gpu-bind): each task sees its one GPU, which
+    TensorFlow's Slurm resolver counted as 0 GPUs per task and failed on."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_GPUS_PER_TASK", raising=False)
+    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
+    for key, value in {
+        "CUDA_VISIBLE_DEVICES": "5",
+        "SLURM_JOB_ID": "42",
+        "SLURM_PROCID": "13",
+        "SLURM_LOCALID": "5",
+        "SLURMD_NODENAME": "gpu9",
+        "SLURM_STEP_NUM_TASKS": "16",
+        "SLURM_STEP_NODELIST": "gpu[8-9]",
+        "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
+        "SLURM_CPUS_PER_TASK": "8",
+        **gpu_binding,
+    }.items():
+        monkeypatch.setenv(key, value)
+    resolver, found = cluster.cluster_resolver()
+    assert found == "Slurm" and resolver.task_id == 13
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    assert resolver.num_accelerators() == {"GPU": 1}
+    workers = resolver.cluster_spec().as_dict()["worker"]
+    assert workers[13] == f"gpu9:{20000 + 42 * 16 + 5}" and workers[7].startswith("gpu8:")
+
+
+def test_more_slurm_tasks_than_gpus_on_a_node_is_refused_naming_the_fix(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 2)
+    for key, value in {
+        "SLURM_JOB_ID": "42",
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NODELIST": "node1",
+        "SLURM_STEP_TASKS_PER_NODE": "4",
+        "SLURM_CPUS_PER_TASK": "8",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(
+        UserError, match=r"--ntasks-per-node=1\) or one per GPU \(--gpus-per-task=1"
+    ):
+        cluster.cluster_resolver()
 
 
 # ------------------------------------------------------------- tools/slurm_train.sbatch

@@ -1,8 +1,9 @@
 """Where a multi-worker run's cluster comes from, and how a worker avoids hanging forever.
 
 The cluster is taken from `TF_CONFIG` when it is set (by the user, or by `hpcai500-tf train
---workers N`), else from Slurm when the process runs under `srun`. Both are checked before
-TensorFlow sees them, so a malformed cluster is one clear line.
+--workers N`), else from Slurm's environment when the process runs under `srun` (read in
+Slurm's own order by `hpcai500_tf.slurm`). Both are checked before TensorFlow sees them, so a
+malformed cluster is one clear line; `cluster_plan` shows it without TensorFlow.
 
 GPUs are handed out as `CUDA_VISIBLE_DEVICES` entries: the node's GPUs by index, or the list
 already in that variable (Slurm's grant, a user's choice), which is split, never replaced.
@@ -25,8 +26,9 @@ from collections.abc import Mapping
 
 from hpcai500_tf import benchmark_layers
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.slurm import SlurmCluster, check_port_free, port_free
 
-SLURM_PORT_BASE = 8888
+SINGLE_WORKER = "a single worker (no TF_CONFIG, not under srun)"
 
 
 def parse_tf_config(text: str) -> dict:
@@ -66,22 +68,11 @@ def own_address(config: dict) -> str:
     return config["cluster"][task["type"]][task["index"]]
 
 
-def check_port_free(address: str) -> None:
-    """Refuse a worker whose own port is taken (on this host) before TensorFlow binds it."""
-    host, _, port = address.rpartition(":")
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        probe.bind(("", int(port)))
-    except OSError:
-        raise UserError(f"port {port} of this worker ({address}) is already in use") from None
-    finally:
-        probe.close()
-
-
-def under_slurm() -> bool:
+def under_slurm(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process is one of several tasks of a Slurm step (`srun`)."""
-    tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or "1"
-    return "SLURM_PROCID" in os.environ and tasks.isdigit() and int(tasks) > 1
+    environ = os.environ if environ is None else environ
+    tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"
+    return "SLURM_PROCID" in environ and tasks.isdigit() and int(tasks) > 1
 
 
 def cluster_in_environment() -> str | None:
@@ -161,8 +152,20 @@ def resolve_collective(requested: str, gpus: list) -> str:
     return requested
 
 
+def slurm_cluster(
+    environ: Mapping[str, str] | None = None, node_gpus: int | None = None
+) -> SlurmCluster:
+    """This Slurm task's cluster, GPUs and CPUs, checked; `node_gpus` is the node's GPU count
+    (looked up when None)."""
+    environ = os.environ if environ is None else environ
+    node_gpus = node_gpu_count() if node_gpus is None else node_gpus
+    return SlurmCluster.from_environment(environ, visible_gpus(environ, node_gpus), node_gpus)
+
+
 def cluster_resolver():
-    """(resolver or None, how the cluster was found). TF_CONFIG first, then Slurm."""
+    """(resolver or None, how the cluster was found). TF_CONFIG first, then Slurm, whose task
+    gets its share of the GPUs as CUDA_VISIBLE_DEVICES; its CPU warning, if any, is the
+    resolver's `hpcai500_warnings`."""
     import tensorflow as tf
 
     text = os.environ.get("TF_CONFIG")
@@ -170,45 +173,61 @@ def cluster_resolver():
         config = parse_tf_config(text)
         check_port_free(own_address(config))
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(), "TF_CONFIG"
-    if under_slurm():
-        try:
-            return _slurm_resolver(tf), "Slurm"
-        except (RuntimeError, ValueError, KeyError, OSError, subprocess.SubprocessError) as err:
-            raise UserError(f"cannot read the Slurm cluster ({err})") from None
-    return None, "a single worker (no TF_CONFIG, not under srun)"
-
-
-def _slurm_resolver(tf):
-    """This Slurm task's cluster resolver; on GPU nodes, CUDA_VISIBLE_DEVICES is narrowed to
-    this task's share of the GPUs it may use (all of them with one task per node)."""
-    port_base = int(os.environ.get("HPCAI500_SLURM_PORT_BASE", SLURM_PORT_BASE))
-    gpus = visible_gpus()
-    if not gpus:
-        # TensorFlow's Slurm resolver lays tasks out along the GPUs of each node; on CPU
-        # nodes give it one placeholder per task, keep the cluster it resolves and tell the
-        # strategy there is no accelerator.
-        slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-            port_base=port_base, gpus_per_node=1024, gpus_per_task=1, auto_set_gpu=False
-        )
-        spec = slurm.cluster_spec()
-        return tf.distribute.cluster_resolver.SimpleClusterResolver(
-            spec, task_type=slurm.task_type, task_id=slurm.task_id, rpc_layer="grpc"
-        )
-    # TensorFlow's resolver would set CUDA_VISIBLE_DEVICES to indices from 0 whatever Slurm
-    # granted; it only counts GPUs per task here, and the share is cut from `gpus`.
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        port_base=port_base, gpus_per_node=len(gpus), auto_set_gpu=False
+    if not under_slurm():
+        return None, SINGLE_WORKER
+    task = slurm_cluster()
+    task.check_port()
+    if task.gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(task.gpus)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": list(task.addresses)}),
+        task_type="worker",
+        task_id=task.index,
+        rpc_layer="grpc",
+        # MultiWorkerMirroredStrategy runs one replica per GPU counted here (CPU where none)
+        num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
     )
-    resolver.cluster_spec()
-    share = resolver.num_accelerators()["GPU"]
-    if share == 0:
-        raise UserError(
-            f"more Slurm tasks on this node than its {len(gpus)} GPUs: "
-            "run one task per node (srun --ntasks-per-node=1)"
-        )
-    local = int(os.environ.get("SLURM_LOCALID", "0"))
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[local * share : (local + 1) * share])
-    return resolver
+    resolver.hpcai500_warnings = [task.warning] if task.warning else []
+    return resolver, "Slurm"
+
+
+def cluster_plan(environ: Mapping[str, str] | None = None, node_gpus: int | None = None) -> dict:
+    """The cluster this process would join, found as `cluster_resolver` finds it, without
+    TensorFlow and without waiting: every worker's address, this one's index, host, GPUs,
+    CPUs, port and the collective `communication.collective=auto` would run."""
+    environ = os.environ if environ is None else environ
+    node_gpus = node_gpu_count() if node_gpus is None else node_gpus
+    if under_slurm(environ) and not environ.get("TF_CONFIG"):
+        plan = {"found": "Slurm", **slurm_cluster(environ, node_gpus).to_json()}
+    else:
+        plan = dict.fromkeys(SlurmCluster.json_keys())
+        plan |= {
+            "found": SINGLE_WORKER,
+            "workers": [],
+            "index": 0,
+            "host": socket.gethostname(),
+            "gpus": visible_gpus(environ, node_gpus),
+            "cpus": len(os.sched_getaffinity(0)),
+            "cpus_from": "this process's CPU affinity",
+            "ports": {"source": None, "this_task": "none: a single worker opens no port"},
+        }
+    if environ.get("TF_CONFIG"):
+        config = parse_tf_config(environ["TF_CONFIG"])
+        chiefs, workers = config["cluster"].get("chief", []), config["cluster"].get("worker", [])
+        kind, number = config["task"]["type"], config["task"]["index"]
+        address = own_address(config)
+        plan |= {
+            "found": "TF_CONFIG",
+            "workers": [*chiefs, *workers],
+            "index": number + (len(chiefs) if kind == "worker" else 0),  # chief first
+            "address": address,
+            "host": address.rpartition(":")[0],
+            "ports": {"source": "TF_CONFIG", "this_task": f"TF_CONFIG's {kind} {number}"},
+        }
+    plan["collective"] = resolve_collective("auto", plan["gpus"])
+    address = plan["address"]
+    plan["port_free"] = None if address is None else port_free(int(address.rpartition(":")[2]))
+    return plan
 
 
 class JoinWatchdog:

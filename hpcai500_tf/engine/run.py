@@ -213,6 +213,10 @@ def prepare_run(
     device_warnings = devices.check_devices(
         engine.strategy, allow_cpu, view if rank == 0 else None, engine.policy
     )
+    for warning in getattr(engine.strategy, "hpcai500_cluster_warnings", []):  # e.g. few CPUs
+        device_warnings.append(warning)
+        if rank == 0 and view:
+            view.message(warning)
     if workers > 1:
         check_multi_worker(engine, workers, config_id)
     if rank != 0:

@@ -53,6 +53,7 @@ def make_strategy(
                 cluster_resolver=resolver, communication_options=options
             )
         strategy.hpcai500_cluster_source = found
+        strategy.hpcai500_cluster_warnings = list(getattr(resolver, "hpcai500_warnings", []))
         strategy.hpcai500_collective = collective
         strategy.hpcai500_collective_requested = communication.collective
         return strategy

@@ -1,4 +1,4 @@
-"""Rich tables for the CLI: system layers, score cards, rankings.
+"""Rich tables for the CLI: system layers, score cards, rankings, the cluster.
 
 Text from records, logs and paths is shown literally (`escape`d), never read as markup."""
 
@@ -81,6 +81,36 @@ def layers_table(layers: dict[str, dict], title: str = "The nine layers") -> Tab
             table.add_section()
         for index, (key, value) in enumerate(fields.items()):
             table.add_row(name if index == 0 else "", escape(key), _value(value))
+    return table
+
+
+def cluster_table(plan: dict) -> Table:
+    """The cluster `cluster.cluster_plan` found: this task, then every worker's address."""
+    table = Table(title=escape(f"Cluster: {plan['found']}"), show_header=False)
+    table.add_column("", style="bold", no_wrap=True)
+    table.add_column("", overflow="fold")
+    here = f"{plan['host']}" + (f" ({plan['address']})" if plan["address"] else "")
+    table.add_row("This task", escape(f"index {plan['index']} on {here}"))
+    if plan["local_index"] is not None:
+        table.add_row("On its node", f"local task {plan['local_index']} of {plan['tasks_on_node']}")
+    gpus = ", ".join(plan["gpus"]) or "none"
+    layout = f" ({plan['gpu_layout']})" if plan["gpu_layout"] else ""
+    table.add_row("GPUs", escape(gpus + layout))
+    table.add_row("CPUs", escape(f"{plan['cpus']} ({plan['cpus_from']})"))
+    if plan["warning"]:
+        table.add_row("Warning", Text(plan["warning"], style="yellow"))
+    table.add_row("Collective", f"{plan['collective']} (communication.collective=auto)")
+    port = escape(plan["ports"]["this_task"])
+    if plan["address"]:
+        port = f"{escape(plan['address'].rpartition(':')[2])}: {port}"
+    if plan["port_free"] is False:
+        port += " [red]in use here[/red]"
+    table.add_row("Port", port)
+    if plan["job_id"] is not None:
+        table.add_row("Slurm job", escape(plan["job_id"]))
+    for index, address in enumerate(plan["workers"]):
+        mark = " [bold](this task)[/bold]" if index == plan["index"] else ""
+        table.add_row("Workers" if index == 0 else "", f"{index}: {escape(address)}{mark}")
     return table
 
 
