@@ -467,7 +467,8 @@ def test_power_command_checks_a_meter_log(tmp_path, capsys):
 
 
 class RaplWriter:
-    """Advances a fake package counter at constant power while a run trains."""
+    """Advances a fake package counter at constant power while a run trains, in a file other
+    processes can read (the multi-worker test); in-process runs use `fake_rapl_counter`."""
 
     def __init__(self, root: Path, watts: float):
         self.root, self.watts = root, watts
@@ -492,6 +493,25 @@ class RaplWriter:
         self.thread.join()
 
 
+def fake_rapl_counter(monkeypatch, root: Path, watts: float) -> None:
+    """The package counter of `root` at constant power, its value computed from the clock at
+    the moment it is read (a writer thread, delayed on a busy machine, would serve stale values
+    and skew the average). It goes in where sysfs is read (`sources._read_number`), so
+    discovery, the sampler and the integration run as for real; it wraps at 1000 J, as the
+    fixture's range says. For runs in this process: workers in other processes need
+    `RaplWriter`."""
+    from hpcai500_tf.energy import sources
+
+    target, start, read = root / "intel-rapl:0" / "energy_uj", time.time(), sources._read_number
+
+    def read_number(path: Path) -> float:
+        if Path(path) != target:
+            return read(path)
+        return float(int((time.time() - start) * watts % 1000.0 * 1e6))  # microjoules
+
+    monkeypatch.setattr(sources, "_read_number", read_number)
+
+
 def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch):
     from hpcai500_tf.engine import run, run_record
 
@@ -499,10 +519,8 @@ def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch)
     now = time.time()
     meter = _log(tmp_path, "".join(f"{now - 30 + t},{300 + t % 2}\n" for t in range(600)))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
-    with RaplWriter(powercap, watts=80.0):
-        rec, path = run.run_benchmark(
-            setup, None, tmp_path / "runs", power_hz=20, meter_log=str(meter)
-        )
+    fake_rapl_counter(monkeypatch, powercap, watts=80.0)
+    rec, path = run.run_benchmark(setup, None, tmp_path / "runs", power_hz=20, meter_log=str(meter))
     energy = record.load(path)["energy"]
     assert energy["measured"] and energy["scope"] == "whole node (meter log)"
     assert energy["average_watts"] == pytest.approx(300.5, abs=0.5)
@@ -531,12 +549,10 @@ def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, mo
 
     monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    with RaplWriter(powercap, watts=40.0):
-        stopped, path = run.run_benchmark(
-            setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20
-        )
-        time.sleep(1.0)  # between the processes: not part of the run
-        done, _ = run.run_benchmark(setup, None, tmp_path, resume=str(path.parent), power_hz=20)
+    fake_rapl_counter(monkeypatch, powercap, watts=40.0)
+    stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20)
+    time.sleep(1.0)  # between the processes: not part of the run
+    done, _ = run.run_benchmark(setup, None, tmp_path, resume=str(path.parent), power_hz=20)
     first, whole = stopped["energy"], done["energy"]
     segments = done["timeline"]["segments"]
     assert whole["interval_s"] == pytest.approx(sum(s["stop"] - s["start"] for s in segments))

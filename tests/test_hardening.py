@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -133,24 +134,44 @@ def test_resume_rebuilds_a_finished_runs_lost_record(tmp_path, capsys):
     assert "already finished all its epochs (its record" in one_line_error(capsys)
 
 
+def _checkpointed_epochs(out: Path) -> list[dict]:
+    """The epochs in the run's last checkpoint (state.json is replaced atomically)."""
+    states = list(out.glob("*/state.json"))
+    return json.loads(states[0].read_text())["epochs"] if states else []
+
+
 def test_a_run_killed_at_a_random_moment_resumes_without_counting_time_twice(tmp_path):
     out = tmp_path / "runs"
-    command = [sys.executable, "-m", "hpcai500_tf.cli", *TINY, "--out", str(out),
-               "--set", "training.epochs=6"]  # fmt: skip
+    epochs = ["--set", "training.epochs=12"]
+    command = [sys.executable, "-m", "hpcai500_tf.cli", *TINY, "--out", str(out), *epochs]
     start = time.time()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = start + 240
-    while time.time() < deadline and not list(out.glob("*/state.json")):
-        time.sleep(0.2)  # until the first checkpoint
-    time.sleep(0.7)
+    while time.time() < deadline and child.poll() is None and len(_checkpointed_epochs(out)) < 3:
+        time.sleep(0.02)  # until the third checkpoint
+    done = _checkpointed_epochs(out)
+    assert len(done) >= 3, (
+        f"{len(done)} epochs checkpointed, then exit status {child.poll()} "
+        "(None: still running after 240 s)"
+    )
+    # A tiny epoch (train, evaluate, checkpoint) takes 0.1-0.5 s by CPU and load: a fixed wait
+    # can outlast the run. The moment is a random point of the next two epochs at this run's
+    # own pace (its shortest epoch after the first, whose evaluation traces), while 12 - 3 - 2
+    # or more epochs are still to run.
+    pairs = zip(done[1:], done[2:], strict=False)
+    epoch_s = min(b["elapsed_s"] - a["elapsed_s"] for a, b in pairs)
+    time.sleep(random.uniform(0.0, 2.0 * epoch_s))
+    assert child.poll() is None, (
+        f"the run ended ({child.returncode}) before the kill, {2.0 * epoch_s:.2f} s at most "
+        f"after its epoch {len(done)} of 12 (checkpointed epochs: {done})"
+    )
     child.send_signal(signal.SIGKILL)
     child.wait(30)
     (run_dir,) = out.glob("*")
     assert not (run_dir / "record.json").exists()
     resumed = subprocess.run(
         [sys.executable, "-m", "hpcai500_tf.cli", "train", "--resume", str(run_dir),
-         "image_classification", "--preset", "tiny", "--power-hz", "0",
-         "--set", "training.epochs=6"],
+         "image_classification", "--preset", "tiny", "--power-hz", "0", *epochs],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     wall = time.time() - start

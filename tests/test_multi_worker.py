@@ -90,13 +90,15 @@ def test_two_workers_follow_the_single_worker_loss_curve(two_worker_random):
     assert two["layers"]["L6"]["workers"] == 2 and two["layers"]["L6"]["global_batch"] == 32
     assert one["layers"]["L6"]["global_batch"] == 32
     # Same global batch, same repeated example: only float reduction order differs, and its
-    # effect compounds epoch by epoch. The first epoch's last loss agrees within 2 % (0.6 % on
+    # effect compounds epoch by epoch, by an amount that depends on the CPU's kernels (oneDNN
+    # or Eigen, AVX2, AVX-512 or AMX). The first epoch's last loss agrees within 5 % (0.6 % on
     # an AMD EPYC Zen 3; a gradient scaled by 2 or 1/2 is 15-25 % off); later epochs have
-    # drifted apart by up to 13.5 % there (AVX2 kernels), so they are held within 20 %.
+    # drifted apart by up to 13.5 % there, so they are held within 35 %: a rounding
+    # difference, not a different training.
     losses = list(zip(_epoch_losses(one), _epoch_losses(two), strict=True))
     (a, b), later = losses[0], losses[1:]
-    assert abs(a - b) / a < 0.02, losses
-    assert all(abs(a - b) / a < 0.20 for a, b in later), losses
+    assert abs(a - b) / a < 0.05, losses
+    assert all(abs(a - b) / a < 0.35 for a, b in later), losses
 
 
 def test_a_two_worker_run_writes_one_valid_record(two_worker_random):
@@ -252,14 +254,14 @@ def test_a_worker_whose_peer_never_arrives_gives_up_in_time(tmp_path):
     assert not list(tmp_path.glob("*/record.json"))
 
 
-def _start_workers(tmp_path, overrides, env=None):
+def _start_workers(tmp_path, overrides, env=None, limit_s=240):
     """Two workers started as a scheduler would (TF_CONFIG each, no launcher), under a hard
     time limit, their output in tmp_path/worker-N.log."""
     processes = []
     for index, tf_config in enumerate(launch.tf_configs(launch.free_ports(2))):
         log = open(tmp_path / f"worker-{index}.log", "w")
         command = [
-            "timeout", "-k", "5", "240", *CLI, "train", "image_classification",
+            "timeout", "-k", "5", str(limit_s), *CLI, "train", "image_classification",
             "--preset", "tiny", *(a for o in overrides for a in ("--set", o)),
             "--out", str(tmp_path / "runs"),
         ]  # fmt: skip
@@ -330,16 +332,16 @@ def _threads(pid: int) -> int | None:
 def test_thread_count_stays_flat_over_hundreds_of_steps(tmp_path):
     """Two local workers, 400 steps: each worker's thread count after the first epoch's 200
     steps does not grow through the second (a thread per collective op, as TensorFlow's
-    per-collective timeout makes, would add hundreds)."""
+    per-collective timeout makes, would add hundreds: 931 to 1,731 over 200 steps)."""
     overrides = [
         "data.source=random", "data.train_examples=3200", "training.batch_per_replica=8",
         "training.epochs=2", "training.checkpoint_every=1", "training.strategy=multi_worker",
         "communication.timeout_s=60",
     ]  # fmt: skip
-    processes = _start_workers(tmp_path, overrides)
+    processes = _start_workers(tmp_path, overrides, limit_s=400)  # 2 busy cores: minutes
     pids = [_python_pid(process) for process in processes]
     try:
-        _wait_for_checkpoint(tmp_path, processes)
+        _wait_for_checkpoint(tmp_path, processes, seconds=300)
         after_epoch_1 = [_threads(pid) for pid in pids]
         peaks = list(after_epoch_1)
         while any(process.poll() is None for process in processes):
@@ -357,8 +359,12 @@ def test_thread_count_stays_flat_over_hundreds_of_steps(tmp_path):
     ).read_text()[-2000:]
     (rec,) = _records(tmp_path / "runs")
     assert rec["timeline"]["epochs"][-1]["examples"] == 3200 * 2
+    # Thread pools that start late add threads once, in proportion to the core count (as the
+    # baseline is): the bound is a quarter of the baseline, no less than 20. A thread per
+    # collective op adds threads per step whatever the machine: 800 over these 200 steps,
+    # above the bound for any baseline under 3,200 threads.
     for before, peak in zip(after_epoch_1, peaks, strict=True):
-        assert peak - before < 20, (after_epoch_1, peaks)
+        assert peak - before < max(20, 0.25 * before), (after_epoch_1, peaks)
 
 
 # ------------------------------------------------------------------------ bad input
@@ -475,26 +481,27 @@ def test_launcher_refuses_bad_worker_counts_and_a_set_tf_config(monkeypatch, tmp
     assert "TF_CONFIG is set" in capsys.readouterr().err
 
 
-def test_slurm_cluster_is_read_from_the_environment(tmp_path, monkeypatch):
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    scontrol = fake_bin / "scontrol"
-    scontrol.write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
-    scontrol.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+def test_slurm_cluster_is_read_from_the_environment(monkeypatch):
+    """In the node list's own order (node10 after node9, where a string sort puts it first),
+    on ports from the job id; no scontrol needed."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
     for key, value in {
+        "SLURM_JOB_ID": "42",
         "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": "node10",
         "SLURM_NTASKS": "2",
         "SLURM_STEP_NUM_TASKS": "2",
-        "SLURM_STEP_NODELIST": "node[1-2]",
+        "SLURM_STEP_NODELIST": "node[9-10]",
         "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
     }.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 0)  # CPU nodes
     assert cluster.cluster_in_environment() == "Slurm"
     resolver, found = cluster.cluster_resolver()
     assert found == "Slurm"
-    assert resolver.cluster_spec().as_dict() == {"worker": ["node1:8888", "node2:8888"]}
+    port = 20000 + 42 * 16
+    assert resolver.cluster_spec().as_dict() == {"worker": [f"node9:{port}", f"node10:{port}"]}
     assert resolver.task_id == 1
     assert not resolver.num_accelerators().get("GPU")  # CPU nodes: no placeholder GPUs leak
 
