@@ -141,7 +141,7 @@ def _train(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except run.WorkerRunEnded as ended:
         print(f"hpcai500-tf: {ended}", file=sys.stderr, flush=True)
-        cluster.exit_without_shutdown(1)  # TensorFlow's shutdown would wait for a lost peer
+        cluster.exit_without_shutdown(ended.code)  # TensorFlow's shutdown would wait for a peer
     finally:
         view.close()
     if record is None:
@@ -150,9 +150,10 @@ def _train(args: argparse.Namespace) -> int:
     if record["status"] != "completed":
         warnings = escape("; ".join(record["warnings"]))
         console.print(f"[red]run {record['status']}[/red]: {warnings}")
+        code = run.exit_code(record)  # 143 when SIGTERM stopped it
         if setup.training.strategy == "multi_worker":
-            cluster.exit_without_shutdown(1)  # TensorFlow's shutdown would wait for a lost peer
-        return 1
+            cluster.exit_without_shutdown(code)  # TensorFlow's shutdown would wait for a peer
+        return code
     if not record["quality"]["measured"]:
         console.print("throughput-only run (random data): quality not measured, no score")
         return 0
@@ -532,9 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"hpcai500-tf: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("hpcai500-tf: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C: 130; SIGTERM (engine.run.Terminated): 143
+        print(f"hpcai500-tf: {str(stop) or 'interrupted'}", file=sys.stderr)
+        return getattr(stop, "exit_code", 130)
     except BrokenPipeError:  # the reader left (e.g. `| head`): end quietly, as Python's docs say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

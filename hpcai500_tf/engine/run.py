@@ -11,7 +11,9 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +166,8 @@ class Outcome:
     """How the timed run ended, and what its power sampler saw."""
 
     status: str = "completed"
-    peer_lost: bool = False
+    peer_lost: bool = False  # or stopped by SIGTERM on several workers: no collective after
+    exit_code: int = 1  # of a worker other than the chief when the run did not complete
     sampler: power.PowerSampler | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -192,12 +195,91 @@ def run_benchmark(
     profiler trace of the global train steps `profile_steps` (first, last) when asked. A
     machine whose GPUs TensorFlow does not see is refused unless `allow_cpu`."""
     init_start = time.time()
-    run = prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start, allow_cpu)
-    if run.chief:
-        watch_in_tensorboard(run, tensorboard, profile_steps)
-    initialise(run, meter_log)
-    outcome = timed_run(run, power_hz)
-    return finish(run, outcome, power_hz, meter_log)
+    with stop_on_sigterm() as sigterm:
+        run = prepare_run(setup, data_dir, out_dir, resume, run_dir, view, init_start, allow_cpu)
+        sigterm.take_back()  # a multi-worker strategy's TensorFlow put its own in place
+        if run.chief:
+            watch_in_tensorboard(run, tensorboard, profile_steps)
+        initialise(run, meter_log)
+        outcome = timed_run(run, power_hz, sigterm)
+        return finish(run, outcome, power_hz, meter_log)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (scancel, a Slurm time limit, preemption), raised in the main thread by the
+    handler `stop_on_sigterm` installs: it ends a run as Ctrl-C does (a `stopped` record that
+    `--resume` continues), and the process exits 143 (128 + SIGTERM, a shell's code for a
+    process SIGTERM ended)."""
+
+    exit_code = 128 + signal.SIGTERM
+
+    def __init__(self):
+        super().__init__("terminated by SIGTERM")
+
+
+SIGTERM_STOPPED = "stopped by SIGTERM (scancel, a time limit or preemption)"
+
+
+class _SigtermStop:
+    """The SIGTERM handler: the first one raises `Terminated` (or, once `defer` is set, while
+    the record is written, is only noted); later ones are ignored, as the run is already
+    ending (SIGKILL after the scheduler's grace period remains the hard stop)."""
+
+    def __init__(self):
+        self.received = False
+        self.defer = False
+        self.installed = False
+
+    def take_back(self) -> None:
+        """Install this handler again where it was installed: TensorFlow replaces it, below
+        Python, while it builds a multi-worker strategy (its coordination service's own
+        handler, under which a SIGTERMed worker just trained on until SIGKILL)."""
+        if self.installed:
+            signal.signal(signal.SIGTERM, self)
+
+    def __call__(self, signum, frame):
+        if self.received:
+            return
+        self.received = True
+        if not self.defer:
+            raise Terminated
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM stops the run as Ctrl-C does, while inside; the previous handler is restored
+    after. Installed only from the main thread (Python runs signal handlers there) and only
+    over the default handler, so that a handler of the caller's own is kept.
+
+    Python runs the handler between bytecodes of the main thread, so a worker blocked inside
+    a TensorFlow collective (holding the GIL) ignores SIGTERM until the collective returns: at
+    once when a peer stopped first, within the communication timeout when a peer hangs. One
+    that never returns (a peer that never joins) is ended by SIGKILL, as today: the
+    scheduler's after its grace period, the launcher's, or `cluster.JoinWatchdog`'s."""
+    handler = _SigtermStop()
+    handler.installed = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    if handler.installed:
+        signal.signal(signal.SIGTERM, handler)
+    try:
+        yield handler
+    finally:
+        if handler.installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def exit_code(record: dict) -> int:
+    """The exit status of `train` for the chief's record: 0 completed, 143 (128 + SIGTERM)
+    stopped by SIGTERM, 1 otherwise (Ctrl-C's stopped record included, as before)."""
+    if record["status"] == "completed":
+        return 0
+    if record["status"] == "stopped" and any(
+        w.startswith(SIGTERM_STOPPED) for w in record["warnings"]
+    ):
+        return Terminated.exit_code
+    return 1
 
 
 def prepare_run(
@@ -305,17 +387,19 @@ def initialise(run: BenchmarkRun, meter_log: str | None) -> None:
 
 
 class WorkerRunEnded(Exception):
-    """A worker other than the chief saw the run end early: it exits non-zero with the reason
-    (the chief writes the record), so that a scheduler never counts that task a success."""
+    """A worker other than the chief saw the run end early: it exits non-zero (`code`) with
+    the reason (the chief writes the record), so that a scheduler never counts that task a
+    success."""
 
-    def __init__(self, rank: int, status: str, reason: str):
+    def __init__(self, rank: int, status: str, reason: str, code: int = 1):
         super().__init__(f"worker {rank}: run {status}: {reason}")
+        self.code = code
 
 
-def timed_run(run: BenchmarkRun, power_hz: float) -> Outcome:
+def timed_run(run: BenchmarkRun, power_hz: float, sigterm: _SigtermStop | None = None) -> Outcome:
     """Train to the epoch budget with power sampled on every worker's node. Whatever ends the
-    run (divergence, Ctrl-C, a lost peer, bad data, a defect) becomes its status and a
-    warning: the record is still written."""
+    run (divergence, Ctrl-C or SIGTERM, a lost peer, bad data, a defect) becomes its status
+    and a warning: the record is still written (a SIGTERM after training only noted)."""
     if run.finished:
         note = "the record was rebuilt after the run: no readings beyond its checkpoint"
         return Outcome(notes=[note])
@@ -324,9 +408,22 @@ def timed_run(run: BenchmarkRun, power_hz: float) -> Outcome:
     try:
         run.engine.train_epochs(run.progress, run.save_dir, power=sampler)
     except (KeyboardInterrupt, Exception) as error:  # every ending is a status and a warning
+        if sigterm and sigterm.received and not isinstance(error, Diverged):
+            # SIGTERM's stop, whatever it raised: Terminated, or on a multi-worker run a peer
+            # that stopped first (a lost peer; pybind11's RuntimeError when Terminated is
+            # raised while TensorFlow translates that error)
+            error = Terminated()
         outcome.status, warning, outcome.peer_lost = classify_failure(error, run)
         run.warnings.append(warning)
+        if isinstance(error, Terminated):
+            outcome.exit_code = Terminated.exit_code
+            if run.workers > 1:  # every worker is being stopped: no collective after it
+                outcome.notes.append(
+                    "the other workers' energy was not gathered: the run was stopped by SIGTERM"
+                )
     finally:
+        if sigterm:
+            sigterm.defer = True  # the record is written whatever comes now
         _stop_sampling(run, sampler)
     return outcome
 
@@ -335,15 +432,18 @@ def classify_failure(error: BaseException, run: BenchmarkRun) -> tuple[str, str,
     """(status, warning, whether a peer was lost) for what ended a run early."""
     if isinstance(error, Diverged):
         return "diverged", str(error), False
-    if isinstance(error, KeyboardInterrupt):
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
         saved = run.engine.saved_epochs
+        where = run.run_dir or "RUN_DIR (the chief's run directory)"
         resume = (
             "no checkpoint was written yet: it cannot be resumed"
             if saved is None
-            else f"the last checkpoint holds {saved}: resume with --resume {run.run_dir} "
+            else f"the last checkpoint holds {saved}: resume with --resume {where} "
             f"(it continues from epoch {saved + 1})"
         )
         done = run.progress.epochs_done
+        if isinstance(error, Terminated):  # the peers get it too: skip the energy collective
+            return "stopped", f"{SIGTERM_STOPPED} after {done} epoch(s); {resume}", run.workers > 1
         return "stopped", f"interrupted by the user after {done} epoch(s); {resume}", False
     if isinstance(error, tf.errors.OpError):
         user_error = _user_error_inside(error)
@@ -388,7 +488,8 @@ def finish(
     if not run.chief:
         shutil.rmtree(run.save_dir, ignore_errors=True)
         if outcome.status != "completed":
-            raise WorkerRunEnded(run.rank, outcome.status, "; ".join(run.warnings))
+            reason = "; ".join(run.warnings)
+            raise WorkerRunEnded(run.rank, outcome.status, reason, outcome.exit_code)
         return None, None
     energy, energy_warnings = energy_result(
         run.progress, outcome.notes + others_notes, power_hz, meter_log, others
