@@ -172,6 +172,15 @@ def test_l3_records_the_resolved_implementation_and_the_request():
 # ------------------------------------------------------------------ Slurm tasks on GPU nodes
 
 
+def _slurm_task_on_gpu_node(monkeypatch, node_gpus: int, environment: dict[str, str]) -> None:
+    """This process as one Slurm task (no TF_CONFIG) on a node of `node_gpus` GPUs, with
+    `environment` as Slurm set it."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setattr(cluster, "node_gpu_count", lambda: node_gpus)
+    for key, value in {"SLURM_JOB_ID": "42", **environment}.items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.mark.parametrize(
     "nodes, tasks_per_node, host, local_id, expected",
     [("node[1-2]", "1(x2)", "node2", "0", "4,5,6,7"), ("node1", "2", "node1", "1", "6,7")],
@@ -179,11 +188,8 @@ def test_l3_records_the_resolved_implementation_and_the_request():
 def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
     monkeypatch, nodes, tasks_per_node, host, local_id, expected
 ):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
-    for key, value in {
+    environment = {
         "CUDA_VISIBLE_DEVICES": "4,5,6,7",  # granted by Slurm, numbered as on the node
-        "SLURM_JOB_ID": "42",
         "SLURM_PROCID": "1",
         "SLURM_LOCALID": local_id,
         "SLURMD_NODENAME": host,
@@ -192,8 +198,8 @@ def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
         "SLURM_STEP_NODELIST": nodes,
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
         "SLURM_CPUS_PER_TASK": "16",
-    }.items():
-        monkeypatch.setenv(key, value)
+    }
+    _slurm_task_on_gpu_node(monkeypatch, 8, environment)
     resolver, found = cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 1
     assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
@@ -204,12 +210,9 @@ def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
 def test_a_slurm_task_bound_to_one_gpu_uses_it(monkeypatch, gpu_binding):
     """srun --gpus-per-task=1 (or --gpu-bind): each task sees its one GPU, which
     TensorFlow's Slurm resolver counted as 0 GPUs per task and failed on."""
-    monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("SLURM_GPUS_PER_TASK", raising=False)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
-    for key, value in {
+    environment = {
         "CUDA_VISIBLE_DEVICES": "5",
-        "SLURM_JOB_ID": "42",
         "SLURM_PROCID": "13",
         "SLURM_LOCALID": "5",
         "SLURMD_NODENAME": "gpu9",
@@ -218,8 +221,8 @@ def test_a_slurm_task_bound_to_one_gpu_uses_it(monkeypatch, gpu_binding):
         "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
         "SLURM_CPUS_PER_TASK": "8",
         **gpu_binding,
-    }.items():
-        monkeypatch.setenv(key, value)
+    }
+    _slurm_task_on_gpu_node(monkeypatch, 8, environment)
     resolver, found = cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 13
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
@@ -229,18 +232,15 @@ def test_a_slurm_task_bound_to_one_gpu_uses_it(monkeypatch, gpu_binding):
 
 
 def test_more_slurm_tasks_than_gpus_on_a_node_is_refused_naming_the_fix(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 2)
-    for key, value in {
-        "SLURM_JOB_ID": "42",
+    environment = {
         "SLURM_PROCID": "0",
         "SLURM_STEP_NUM_TASKS": "4",
         "SLURM_STEP_NODELIST": "node1",
         "SLURM_STEP_TASKS_PER_NODE": "4",
         "SLURM_CPUS_PER_TASK": "8",
-    }.items():
-        monkeypatch.setenv(key, value)
+    }
+    _slurm_task_on_gpu_node(monkeypatch, 2, environment)
     with pytest.raises(
         UserError, match=r"--ntasks-per-node=1\) or one per GPU \(--gpus-per-task=1"
     ):
