@@ -258,9 +258,13 @@ def _sbatch(tmp_path: Path, **environment: str) -> tuple[subprocess.CompletedPro
     record = tmp_path / "srun-arguments"
     record.unlink(missing_ok=True)
     srun = fake_bin / "srun"
-    srun.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{record}"\n')
+    srun.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > "{record}"\n'
+        f'printf "%s" "$NCCL_DEBUG" > "{record}.nccl_debug"\n'
+    )
     srun.chmod(0o755)
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "42", **environment}
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_CPUS_ON_NODE": "64"}
+    env |= environment
     result = subprocess.run(
         ["bash", str(SBATCH), "/data/imagenet", "/shared/runs"],
         capture_output=True,
@@ -280,7 +284,9 @@ def test_sbatch_syntax():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
     text = SBATCH.read_text()
     assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --ntasks-per-node=1" in text
-    assert "GPUS_PER_NODE=8" in text and "CPUS_PER_TASK=" in text
+    assert "GPUS_PER_NODE=8" in text and "#SBATCH --exclusive" in text
+    for setting in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "ulimit -l", "optimizer.name=lars"):
+        assert setting in text  # named for a first run on a new cluster
 
 
 @pytest.mark.parametrize(
@@ -291,8 +297,26 @@ def test_sbatch_syntax():
 def test_sbatch_gives_the_one_task_per_node_all_its_gpus(tmp_path, granted):
     result, arguments = _sbatch(tmp_path, **granted)
     assert result.returncode == 0, result.stderr
-    expected = ["--ntasks-per-node=1", "--cpus-per-task=32", "--gpus-per-node=8", *TRAIN]
+    # the whole node's CPUs for its one task, and NCCL's transports printed on a first run
+    expected = ["--ntasks-per-node=1", "--cpus-per-task=64", "--gpus-per-node=8", *TRAIN]
     assert arguments == expected
+    assert (tmp_path / "srun-arguments.nccl_debug").read_text() == "INFO"
+
+
+def test_sbatch_runs_one_task_per_gpu_with_its_share_of_the_cpus(tmp_path):
+    result, arguments = _sbatch(tmp_path, SLURM_GPUS_ON_NODE="8", TASK_PER="gpu", NCCL_DEBUG="WARN")
+    assert result.returncode == 0, result.stderr
+    expected = ["--ntasks-per-node=8", "--cpus-per-task=8", "--gpus-per-task=1", *TRAIN]
+    assert arguments == expected
+    assert (tmp_path / "srun-arguments.nccl_debug").read_text() == "WARN"  # the user's kept
+
+
+def test_sbatch_refuses_an_unknown_layout_in_one_line(tmp_path):
+    result, arguments = _sbatch(tmp_path, SLURM_GPUS_ON_NODE="8", TASK_PER="socket")
+    assert result.returncode != 0 and arguments is None
+    assert result.stderr.splitlines() == [
+        "slurm_train.sbatch: error: TASK_PER must be node or gpu, got 'socket'"
+    ]
 
 
 def test_sbatch_refuses_a_job_without_gpus_before_srun(tmp_path):
@@ -313,4 +337,4 @@ def test_sbatch_refuses_fewer_gpus_than_it_was_written_for(tmp_path):
 def test_sbatch_runs_on_cpus_when_allowed(tmp_path):
     result, arguments = _sbatch(tmp_path, HPCAI500_ALLOW_CPU="1", CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 0, result.stderr
-    assert arguments == ["--ntasks-per-node=1", "--cpus-per-task=32", *TRAIN]
+    assert arguments == ["--ntasks-per-node=1", "--cpus-per-task=64", *TRAIN]
