@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpcai500_tf import tensorflow_import
 from hpcai500_tf.config import peak_learning_rate
+from hpcai500_tf.workloads.settings import BATCH_NORM_KERNELS
 
 # ISA features that decide which kernels a CPU can run fast for training.
 _RELEVANT_ISA = (
@@ -342,7 +343,8 @@ def run_layers(
         },
         "L7": {
             **workload.workload_layer(),
-            "kernels": workload.kernels,  # what ran: "cpu-workarounds" or "stock", not "auto"
+            "kernels": workload.kernels,  # what ran (models/kernels.py resolve), not "auto"
+            "batch_norm": BATCH_NORM_KERNELS.get(workload.kernels),
             "precision": precision,
             "xla": t.xla,
         },

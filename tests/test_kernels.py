@@ -88,7 +88,11 @@ def test_auto_resolves_to_the_workarounds_on_a_cpu_only_machine(monkeypatch):
     assert kernels.resolve("auto") == "cpu-workarounds"
     assert kernels.layer_set("auto").batch_norm is kernels.FusedBatchNorm
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
-    assert kernels.resolve("auto") == "stock"
+    assert kernels.resolve("auto") == "gpu-fused-batch-norm"
+    assert kernels.layer_set("auto") == (
+        "gpu-fused-batch-norm", keras.layers.Conv2D, kernels.FusedBatchNorm, keras.layers.ReLU,
+        keras.layers.ReLU,
+    )  # fmt: skip
     assert kernels.resolve("stock") == "stock"
     assert kernels.layer_set("stock") == (
         "stock", keras.layers.Conv2D, keras.layers.BatchNormalization, keras.layers.ReLU,
@@ -123,6 +127,8 @@ def test_l7_records_the_kernels_that_ran(choice):
     )
     assert layers["L7"]["kernels"] == kernels.resolve(choice)
     assert layers["L7"]["kernels"] != "auto"
+    fused = layers["L7"]["kernels"] != "stock"  # auto on this CPU-only machine: the workarounds
+    assert layers["L7"]["batch_norm"].startswith("fused") == fused, layers["L7"]
 
 
 def test_only_a_model_with_the_bfloat16_relu_asks_for_the_finiteness_term(float32_policy):
@@ -158,6 +164,54 @@ def test_fused_batch_norm_matches_keras_batch_norm():
         rtol=1e-4,
     )
     np.testing.assert_allclose(fused(x, training=False), reference(x, training=False), atol=1e-2)
+
+
+def test_fused_batch_norm_gives_keras_gradients():
+    """Gradients through the fused kernel (input, gamma, beta) are Keras batch norm's."""
+    x = tf.random.stateless_normal([8, 5, 5, 6], [3, 4]) * 2 + 0.5
+    fused = kernels.FusedBatchNorm(momentum=0.9, epsilon=1e-5)
+    reference = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+    for layer in (fused, reference):
+        layer.build(x.shape)
+    reference.gamma.assign(tf.random.stateless_normal([6], [5, 6]))
+    fused.gamma.assign(reference.gamma)
+    results = []
+    for layer in (fused, reference):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        results.append(tape.gradient(loss, [x, layer.gamma, layer.beta]))
+    for ours, theirs in zip(*results, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_the_gpu_set_trains_on_fused_batch_norm_and_no_separate_moments(policy):
+    """What "auto" builds on a GPU, traced under a GPU precision policy: every batch norm of
+    the train step is FusedBatchNormV3 (its gradient FusedBatchNormGradV3) taking the
+    low-precision activations, with none of Keras' separate moments ops in the graph
+    (SquaredDifference, Rsqrt; one Mean only, the global average pool: the stock set has 35)."""
+    keras.mixed_precision.set_global_policy(policy)
+    model = _tiny_resnet("gpu-fused-batch-norm")
+    images = tf.TensorSpec([2, 32, 32, 3], tf.float32)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
+        return tape.gradient(loss, model.trainable_variables)
+
+    graph = step.get_concrete_function(images).graph
+    ops = {op.type for op in graph.get_operations()}
+    for function in graph._functions.values():  # the gradient's and the layers' bodies
+        ops |= {node.op for node in function.definition.node_def}
+    assert {"FusedBatchNormV3", "FusedBatchNormGradV3"} <= ops, sorted(ops)
+    assert not ops & {"SquaredDifference", "Rsqrt"}, sorted(ops)
+    assert [op.type for op in graph.get_operations()].count("Mean") == 1
+    low = tf.float16 if policy == "mixed_float16" else tf.bfloat16
+    fused = [op for op in graph.get_operations() if op.type == "FusedBatchNormV3"]
+    assert fused and all(op.get_attr("T") == low for op in fused)
 
 
 def test_fused_batch_norm_takes_bfloat16_activations():

@@ -2,8 +2,13 @@
 
 The config key `model.kernels` chooses:
 
-- "auto": the CPU workarounds when TensorFlow sees no GPU, the stock layers when it sees one
-  (the workarounds were measured on CPU only);
+- "auto": the CPU workarounds when TensorFlow sees no GPU; when it sees one, the stock
+  convolution and ReLU with the fused batch norm below ("gpu-fused-batch-norm"): Keras 3's
+  BatchNormalization is separate float32 ops there that nothing fuses without XLA (several
+  extra passes over every activation per step, and float32 copies held for the backward pass),
+  where TensorFlow's FusedBatchNormV3 is cuDNN's one-pass kernel, float16/bfloat16 in and
+  float32 statistics (what TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT tunes). The other CPU
+  workarounds were measured on CPU only;
 - "stock": plain `keras.layers.Conv2D`, `BatchNormalization` and `ReLU`.
 
 The CPU workarounds, each with the measurements that justify it (on this project's CPU):
@@ -39,16 +44,19 @@ from hpcai500_tf.workloads.settings import KERNEL_CHOICES
 
 AUTO, STOCK = KERNEL_CHOICES  # the values of `model.kernels` (checked with the config)
 CPU_WORKAROUNDS = "cpu-workarounds"
+GPU_FUSED_BATCH_NORM = "gpu-fused-batch-norm"
 
 
 def resolve(choice: str) -> str:
-    """The kernels a choice runs: "cpu-workarounds" or "stock".
+    """The kernels a choice runs: "cpu-workarounds", "gpu-fused-batch-norm" or "stock".
 
-    "auto" gives the workarounds when TensorFlow sees no GPU. A resolved name is returned as
-    it is, so that tests and benchmarks can ask for the workarounds on any device."""
+    "auto" gives the workarounds when TensorFlow sees no GPU, the fused batch norm when it
+    sees one. A resolved name is returned as it is, so that tests and benchmarks can ask for
+    either set on any device."""
     if choice == AUTO:
-        return STOCK if tf.config.list_physical_devices("GPU") else CPU_WORKAROUNDS
-    if choice in (STOCK, CPU_WORKAROUNDS):
+        gpu = tf.config.list_physical_devices("GPU")
+        return GPU_FUSED_BATCH_NORM if gpu else CPU_WORKAROUNDS
+    if choice in (STOCK, CPU_WORKAROUNDS, GPU_FUSED_BATCH_NORM):
         return choice
     raise UserError(f"unknown kernels '{choice}' (known: {', '.join(KERNEL_CHOICES)})")
 
@@ -238,7 +246,7 @@ class LayerSet(NamedTuple):
     TensorFlow's graph optimiser fuses a ReLU after a batch norm into the batch-norm kernel, so
     only the ReLU after the add gains from the bfloat16-bit one."""
 
-    name: str  # what `resolve` gives: "cpu-workarounds" or "stock"
+    name: str  # what `resolve` gives: "cpu-workarounds", "gpu-fused-batch-norm" or "stock"
     conv: type[layers.Conv2D]
     batch_norm: type[layers.Layer]  # momentum, epsilon, gamma_initializer, name
     relu: type[layers.ReLU]
@@ -247,6 +255,9 @@ class LayerSet(NamedTuple):
 
 _LAYER_SETS = {
     CPU_WORKAROUNDS: LayerSet(CPU_WORKAROUNDS, Conv2D, FusedBatchNorm, layers.ReLU, ReLU),
+    GPU_FUSED_BATCH_NORM: LayerSet(
+        GPU_FUSED_BATCH_NORM, layers.Conv2D, FusedBatchNorm, layers.ReLU, layers.ReLU
+    ),
     STOCK: LayerSet(STOCK, layers.Conv2D, layers.BatchNormalization, layers.ReLU, layers.ReLU),
 }
 

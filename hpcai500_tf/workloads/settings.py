@@ -10,6 +10,16 @@ from hpcai500_tf import config
 from hpcai500_tf.errors import UserError
 
 KERNEL_CHOICES = ("auto", "stock")  # `model.kernels`; see models/kernels.py
+# What each resolved choice runs batch normalisation as (L7 `batch_norm`), by the name
+# models/kernels.py resolves it to: "auto" is the CPU workarounds without a GPU, fused batch
+# norm with stock layers on GPUs.
+BATCH_NORM_KERNELS = {
+    "cpu-workarounds": "fused (FusedBatchNormV3)",
+    "gpu-fused-batch-norm": "fused (FusedBatchNormV3: cuDNN on GPUs)",
+    # Keras 3's BatchNormalization (moments and normalisation as separate ops); the PyTorch
+    # runner's stock torch.nn.BatchNorm2d: the same name for both, as they are each one's own
+    "stock": "the framework's own batch-norm layer",
+}
 
 IMAGE_CLASSIFICATION_DATASETS = {
     "imagenet": "imagenet-1k",
