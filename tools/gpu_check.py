@@ -1,23 +1,34 @@
 """The checks that need a GPU node, in one go, with one JSON summary (`tools/gpu_check.sh`).
 
-    python tools/gpu_check.py [--out gpu_check.json] [--steps 30] [--batch 256]
+    python tools/gpu_check.py [--out gpu_check.json] [--steps 200] [--batch 256]
     python tools/gpu_check.py --rehearse-on-cpu --out rehearsal.json   # the harness on a CPU
+    bash tools/gpu_check.sh --install [...]   # first into its own venv with the cuda extra
 
-Checks, each in its own process under its own time limit (about 10 minutes in all):
-  devices      the GPUs nvidia-smi lists and the ones TensorFlow sees (with compute capability)
+Checks, each in its own process, under one deadline (--deadline, 600 s): each check gets its
+share of the time that is left. The summary is rewritten after every check, so a run that is
+killed or reaches the deadline leaves the checks done so far and names those it did not run.
+  devices      the GPUs nvidia-smi lists and the ones TensorFlow sees (with compute capability);
+               its first GPU kernels start CUDA's compile cache (below)
   train_fp16   ResNet-50 v1.5 at 224x224, random data, mixed fp16 with loss scaling, one GPU:
-               examples/s of the timed steps from the run's record
+               examples/s of the timed steps (200 by default, after the run's warm-up step)
   train_bf16   the same in bfloat16 (refused by the project on GPUs without bf16)
-  all_reduce   all-reduce of a 256 MiB float32 tensor across the node's GPUs (NCCL): median
-               seconds per all-reduce and the bus bandwidth, 2 (n - 1) / n x bytes / seconds
+  all_reduce   all-reduce of a 256 MiB float32 tensor by MultiWorkerMirroredStrategy's NCCL
+               collective, one worker process per GPU as `train --workers N` runs them: median
+               seconds, algorithm bandwidth (bytes / s) and bus bandwidth (x 2 (n - 1) / n), as
+               nccl-tests defines them; with NCCL_DEBUG=INFO (set unless you set it) the
+               transports NCCL chose between the workers (P2P over NVLink/PCIe, SHM, NET)
   energy       the NVML energy of the GPU the fp16 run used, from that run's record: moving
                (more than 0 J) or not
   roofline     `hpcai500-tf roofline --quick`: the measured ceilings per dtype
 
-`--rehearse-on-cpu` runs the same harness on a CPU-only machine (tiny preset, 2 logical CPU
-devices reduced through one device instead of NCCL) so that the harness itself is tested; its
-summary says it is a rehearsal and proves nothing about a GPU. Exit status 0 when every check
-passed, 1 otherwise (the summary says which and why).
+CUDA's compile cache: Hopper-class GPUs compile TensorFlow's kernels from PTX on first use.
+The cache is sized to 4 GiB unless CUDA_CACHE_MAXSIZE is set, and its location and size before
+and after are in the summary: a second run of the check finds it warm.
+
+`--rehearse-on-cpu` runs the same harness on a CPU-only machine (tiny preset, 2 CPU worker
+processes reducing over gRPC instead of NCCL) so that the harness itself is tested; its summary
+says it is a rehearsal and proves nothing about a GPU. Exit status 0 when every check passed,
+1 otherwise (the summary says which and why).
 """
 
 from __future__ import annotations
@@ -25,7 +36,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,6 +47,7 @@ import time
 from pathlib import Path
 
 from hpcai500_tf.errors import ArgumentParser
+from hpcai500_tf.launch import free_ports, tf_configs
 from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
@@ -41,50 +55,53 @@ ALL_REDUCE_MIB = 256
 
 ALL_REDUCE_SCRIPT = """
 import json, statistics, sys, time
+from hpcai500_tf.tensorflow_import import import_tensorflow
+import_tensorflow()
 import tensorflow as tf
-rehearse, mib, repeats = sys.argv[1] == "1", int(sys.argv[2]), int(sys.argv[3])
-if rehearse:
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    reduce_ops = tf.distribute.ReductionToOneDevice()
-else:
-    devices = [d.name for d in tf.config.list_logical_devices("GPU")]
-    reduce_ops = tf.distribute.NcclAllReduce()
-strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=reduce_ops)
+mib, repeats, nccl = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+kinds = tf.distribute.experimental.CommunicationImplementation
+options = tf.distribute.experimental.CommunicationOptions(
+    implementation=kinds.NCCL if nccl else kinds.RING
+)
+strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 n = strategy.num_replicas_in_sync
-elements = mib * 2**20 // 4
-
-def replica_value(context):
-    return tf.fill([elements], tf.cast(context.replica_id_in_sync_group + 1, tf.float32))
-
-values = strategy.experimental_distribute_values_from_function(replica_value)
+elements, chain = mib * 2**20 // 4, 5
 
 @tf.function
-def all_reduce(values):
-    def step(x):
-        # Each all-reduce takes the last one's result, so none can be merged or skipped.
-        return tf.distribute.get_replica_context().all_reduce("sum", x) / n
-    return strategy.run(step, (values,))
+def chained():
+    def step():
+        context = tf.distribute.get_replica_context()
+        x = tf.fill([elements], tf.cast(context.replica_id_in_sync_group + 1, tf.float32))
+        for _ in range(chain):  # each takes the last one's result: none merged or skipped
+            x = context.all_reduce("sum", x) / n
+        return x[0]
+    return strategy.experimental_local_results(strategy.run(step))[0]
 
-values = all_reduce(values)  # trace and warm up
+chained()  # trace, and the collectives' communicators set up
 seconds = []
 for _ in range(repeats):
     start = time.perf_counter()
-    values = all_reduce(values)
-    float(strategy.experimental_local_results(values)[0][0])  # wait for the result
-    seconds.append(time.perf_counter() - start)
-expected = sum(range(1, n + 1)) / n
-got = float(strategy.experimental_local_results(values)[0][0])
-print(json.dumps({"replicas": n, "devices": devices, "seconds": seconds,
-                  "value_correct": abs(got - expected) < 1e-3 * expected}))
+    got = float(chained())  # waits for the result
+    seconds.append((time.perf_counter() - start) / chain)
+print(json.dumps({"replicas": n, "seconds": seconds, "chain": chain,
+                  "value_correct": abs(got - (n + 1) / 2) < 1e-3 * n}))
 """
+
+# The MultiWorkerMirroredStrategy collective and NCCL's own report of its transports, from
+# NCCL_DEBUG=INFO lines such as "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC".
+NCCL_TRANSPORT = re.compile(r"NCCL INFO .* via (\S+)")
 
 DEVICES_SCRIPT = """
 import json
+from hpcai500_tf.tensorflow_import import import_tensorflow
+import_tensorflow()
 import tensorflow as tf
 gpus = tf.config.list_physical_devices("GPU")
 details = [tf.config.experimental.get_device_details(g) for g in gpus]
+if gpus:  # the first kernels: CUDA compiles them from PTX where the build has no SASS
+    with tf.device("/GPU:0"):
+        x = tf.random.normal([8, 32, 32, 16])
+        float(tf.reduce_sum(tf.nn.conv2d(x, tf.ones([3, 3, 16, 16]), 1, "SAME")))
 print(json.dumps({
     "tensorflow": tf.__version__,
     "built_with_cuda": tf.test.is_built_with_cuda(),
@@ -140,9 +157,9 @@ def nvidia_smi_gpus() -> tuple[list[str], str | None]:
     return lines, None if lines else "nvidia-smi lists no GPU"
 
 
-def check_devices(rehearse: bool) -> dict:
+def check_devices(rehearse: bool, seconds: float) -> dict:
     listed, why_none = nvidia_smi_gpus()
-    seen = run_command([sys.executable, "-c", DEVICES_SCRIPT], 300)
+    seen = run_command([sys.executable, "-c", DEVICES_SCRIPT], seconds)
     tensorflow = last_line_json(seen["stdout"]) if seen["ok"] else None
     result = {"nvidia_smi": listed, "tensorflow": tensorflow, "seconds": seen["seconds"]}
     if tensorflow is None:
@@ -161,7 +178,9 @@ def check_devices(rehearse: bool) -> dict:
     return {**result, "status": "passed"}
 
 
-def check_train(precision: str, rehearse: bool, steps: int, batch: int, work: Path) -> dict:
+def check_train(
+    precision: str, rehearse: bool, steps: int, batch: int, work: Path, seconds: float
+) -> dict:
     """A short throughput-only run on one device; examples/s from its record."""
     out = work / f"train-{precision}"
     if rehearse:
@@ -177,7 +196,7 @@ def check_train(precision: str, rehearse: bool, steps: int, batch: int, work: Pa
         "--set", "training.checkpoint_every=0", "--set", f"training.precision={precision}",
         "--no-tensorboard", "--out", str(out),
     ]  # fmt: skip
-    result = run_command(command, 240, env)
+    result = run_command(command, seconds, env)
     records = sorted(out.glob("*/record.json"))
     summary = {"command": " ".join(command[2:]), "seconds": result["seconds"]}
     if not result["ok"] or not records:
@@ -188,6 +207,7 @@ def check_train(precision: str, rehearse: bool, steps: int, batch: int, work: Pa
         **summary,
         "status": "passed",
         "record": str(records[-1]),
+        "timed_steps": steps,
         "examples_per_s": record["timeline"]["epochs"][-1]["examples"] / seconds,
         "policy": record["layers"]["L7"].get("precision"),
         "loss_scaling": record["layers"]["L8"].get("loss_scaling"),
@@ -201,28 +221,74 @@ def first_visible_gpu() -> str:
     return visible.split(",")[0] if visible else "0"
 
 
-def check_all_reduce(rehearse: bool, gpus: int) -> dict:
-    if not rehearse and gpus < 2:
-        return {"status": "not run", "why": f"{gpus} GPU(s): an all-reduce needs two"}
+def check_all_reduce(rehearse: bool, gpus: list[str], seconds: float) -> dict:
+    """One worker process per GPU (2 CPU workers in the rehearsal), joined by TF_CONFIG on
+    loopback as `train --workers N` joins them, each seeing its own GPU."""
+    workers = 2 if rehearse else len(gpus)
+    if workers < 2:
+        return {"status": "not run", "why": f"{workers} GPU(s): an all-reduce needs two"}
     mib = 4 if rehearse else ALL_REDUCE_MIB
-    command = [sys.executable, "-c", ALL_REDUCE_SCRIPT, "1" if rehearse else "0", str(mib), "10"]
-    result = run_command(command, 300)
-    measured = last_line_json(result["stdout"]) if result["ok"] else None
+    command = [sys.executable, "-c", ALL_REDUCE_SCRIPT, str(mib), "10", "0" if rehearse else "1"]
+    environments = []
+    for index, tf_config in enumerate(tf_configs(free_ports(workers))):
+        env = {**os.environ, "TF_CONFIG": tf_config}
+        if not rehearse:
+            env |= {"CUDA_VISIBLE_DEVICES": gpus[index]}
+            env.setdefault("NCCL_DEBUG", "INFO")
+        environments.append(env)
+    results = run_together(command, environments, seconds)
+    measured = last_line_json(results[0]["stdout"]) if all(r["ok"] for r in results) else None
     if measured is None:
-        return {"status": "failed", "why": result["stderr"].strip()[-600:]}
-    n, seconds = measured["replicas"], statistics.median(measured["seconds"])
+        failed = next((r for r in results if not r["ok"]), results[0])
+        return {"status": "failed", "why": failed["stderr"].strip()[-600:]}
+    n, median = measured["replicas"], statistics.median(measured["seconds"])
     size = mib * 2**20
+    transports: dict[str, int] = {}
+    for result in results:
+        for match in NCCL_TRANSPORT.finditer(result["stderr_all"]):
+            kind = match.group(1).split("/")[0]  # P2P, SHM, NET, ...
+            transports[kind] = transports.get(kind, 0) + 1
     return {
         "status": "passed" if measured["value_correct"] else "failed",
         "why": None if measured["value_correct"] else "the all-reduce gave a wrong sum",
-        "implementation": "ReductionToOneDevice (rehearsal)" if rehearse else "NCCL",
+        "implementation": "MultiWorkerMirroredStrategy, "
+        + ("RING over gRPC (rehearsal)" if rehearse else "NCCL"),
+        "workers": workers,
         "replicas": n,
         "bytes": size,
-        "median_seconds": seconds,
-        "algorithm_bandwidth_gb_s": size / seconds / 1e9,
-        "bus_bandwidth_gb_s": 2 * (n - 1) / n * size / seconds / 1e9,
-        "method": "median of 10 chained all-reduces (sum, then / n), each waited for",
+        "median_seconds": median,
+        "algorithm_bandwidth_gb_s": size / median / 1e9,
+        "bus_bandwidth_gb_s": 2 * (n - 1) / n * size / median / 1e9,
+        "method": f"median over 10 calls of {measured['chain']} dependent all-reduces (sum, then "
+        "/ n) each, timed on worker 0 and waited for, per all-reduce; bandwidths as nccl-tests "
+        "defines them (bus = algorithm x 2 (n - 1) / n)",
+        "nccl_transports": transports
+        or "not seen (NCCL_DEBUG=INFO output absent: a rehearsal, or NCCL_DEBUG set otherwise)",
     }
+
+
+def run_together(command: list[str], environments: list[dict], seconds: float) -> list[dict]:
+    """Run one process per environment at once, all ended by `seconds`: each one's {ok, code,
+    stdout, stderr tail, stderr_all}."""
+    processes = [
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for env in environments
+    ]
+    deadline = time.monotonic() + seconds
+    results = []
+    for process in processes:
+        try:
+            stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            code = process.returncode
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            code, stderr = None, stderr + f"\ndid not finish within {seconds:g} s"
+        results.append({"ok": code == 0, "code": code, "stdout": stdout,
+                        "stderr": stderr[-1500:], "stderr_all": stderr})  # fmt: skip
+    return results
 
 
 def check_energy(train_fp16: dict, rehearse: bool) -> dict:
@@ -242,12 +308,12 @@ def check_energy(train_fp16: dict, rehearse: bool) -> dict:
     }
 
 
-def check_roofline(rehearse: bool, work: Path) -> dict:
+def check_roofline(rehearse: bool, work: Path, seconds: float) -> dict:
     out = work / "roofline"
     command = [*CLI, "roofline", "--quick", "--no-workload", "--out", str(out)]
     if rehearse:
         command += ["--dtypes", "fp32"]
-    result = run_command(command, 300)
+    result = run_command(command, seconds)
     path = out / "roofline.json"
     if not result["ok"] or not path.exists():
         return {"status": "failed", "why": result["stderr"].strip()[-600:]}
@@ -265,11 +331,89 @@ def check_roofline(rehearse: bool, work: Path) -> dict:
     }
 
 
+# Each check's share of the time left when it starts (energy is read from the fp16 run's record).
+SHARES = {"devices": 1, "train_fp16": 3, "train_bf16": 3, "all_reduce": 1.5, "energy": 0,
+          "roofline": 2}  # fmt: skip
+CHECKS = tuple(SHARES)
+CACHE_BYTES = 4 * 2**30  # CUDA_CACHE_MAXSIZE: ResNet-50's kernels in fp16, bf16 and fp32
+
+
+def gpu_entries(count: int) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of the GPUs TensorFlow saw: that variable's, else 0..n-1."""
+    listed = [e for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    return (listed or [str(i) for i in range(count)])[:count]
+
+
+def cuda_cache() -> dict:
+    """Where CUDA keeps its compiled kernels (CUDA_CACHE_PATH, else its default), its size
+    limit and what it holds now."""
+    path = Path(os.environ.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache")
+    held = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+    return {"path": str(path), "max_bytes": int(os.environ["CUDA_CACHE_MAXSIZE"]), "bytes": held}
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """Replace the summary whole (a temporary file renamed over it): never half a file."""
+    checks = summary["checks"]
+    summary["passed"] = all(checks.get(n, {}).get("status") == "passed" for n in CHECKS)
+    summary["unfinished"] = [n for n in CHECKS if n not in checks]
+    summary["seconds"] = round(time.time() - summary["started"], 1)
+    temporary = out.with_name(f".{out.name}.tmp")
+    temporary.write_text(json.dumps(summary, indent=1) + "\n")
+    os.replace(temporary, out)
+
+
+def run_checks(summary: dict, out: Path, args, deadline: float, work: Path) -> None:
+    """Each check in turn with its share of the time left, the summary rewritten after each."""
+    checks, rehearse = summary["checks"], args.rehearse_on_cpu
+
+    def share(name: str) -> float:
+        left = deadline - time.monotonic()
+        weight = SHARES[name] / sum(SHARES[n] for n in CHECKS if n not in checks)
+        return left * weight
+
+    def record(name: str, result: dict) -> None:
+        if name != "train_fp16":  # its run directory is scratch; the energy check reads fp16's
+            result.pop("record", None)
+        checks[name] = result
+        write_summary(out, summary)
+
+    for name in CHECKS:
+        if name in checks:
+            continue
+        seconds = share(name) if SHARES[name] else 0.0
+        if SHARES[name] and seconds < 5:
+            record(
+                name, {"status": "not run", "why": f"the {args.deadline:g} s deadline was reached"}
+            )
+            continue
+        if name == "devices":
+            record(name, check_devices(rehearse, seconds))
+            if checks["devices"]["status"] != "passed":
+                for other in CHECKS[1:]:
+                    checks[other] = {"status": "not run", "why": "no usable GPU (see devices)"}
+                write_summary(out, summary)
+                return
+        elif name.startswith("train_"):
+            precision = name.removeprefix("train_")
+            run = check_train(precision, rehearse, args.steps, args.batch, work, seconds)
+            record(name, run)
+        elif name == "all_reduce":
+            count = len((checks["devices"].get("tensorflow") or {}).get("gpus", []))
+            record(name, check_all_reduce(rehearse, gpu_entries(count), seconds))
+        elif name == "energy":
+            record(name, check_energy(checks["train_fp16"], rehearse))
+            checks["train_fp16"].pop("record", None)  # a scratch run directory
+        elif name == "roofline":
+            record(name, check_roofline(rehearse, work, seconds))
+
+
 def main() -> int:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="gpu_check.json", help="the JSON summary")
-    parser.add_argument("--steps", type=int, default=30, help="timed train steps per precision")
+    parser.add_argument("--steps", type=int, default=200, help="timed train steps per precision")
     parser.add_argument("--batch", type=int, default=256, help="batch per GPU at 224x224")
+    parser.add_argument("--deadline", type=float, default=600.0, help="seconds for every check")
     parser.add_argument("--rehearse-on-cpu", action="store_true")
     args = parser.parse_args()
     keep_tensorflow_quiet()  # inherited by each check's process (their stderr tails are kept)
@@ -277,46 +421,39 @@ def main() -> int:
     if out.exists():
         print(f"gpu_check: {out} exists; choose another --out", file=sys.stderr)
         return 2
-    rehearse = args.rehearse_on_cpu
-    started = time.time()
-    checks: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="hpcai500-gpu-check-") as scratch:
-        work = Path(scratch)
-        checks["devices"] = check_devices(rehearse)
-        gpus = len((checks["devices"].get("tensorflow") or {}).get("gpus", []))
-        if checks["devices"]["status"] != "passed":
-            why = "no usable GPU (see devices)"
-            for name in ("train_fp16", "train_bf16", "all_reduce", "energy", "roofline"):
-                checks[name] = {"status": "not run", "why": why}
-        else:
-            for precision in ("fp16", "bf16"):
-                checks[f"train_{precision}"] = check_train(
-                    precision, rehearse, args.steps, args.batch, work
-                )
-            checks["all_reduce"] = check_all_reduce(rehearse, gpus)
-            checks["energy"] = check_energy(checks["train_fp16"], rehearse)
-            checks["roofline"] = check_roofline(rehearse, work)
-    for check in checks.values():  # the run directories were scratch
-        check.pop("record", None)
-    passed = all(c["status"] == "passed" for c in checks.values())
+    if not (args.steps >= 1 and args.batch >= 1 and 0 < args.deadline <= 86_400):
+        print("gpu_check: error: need --steps >= 1, --batch >= 1, 0 < --deadline <= 86400",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    os.environ.setdefault("CUDA_CACHE_MAXSIZE", str(CACHE_BYTES))
+    deadline = time.monotonic() + args.deadline
     summary = {
         "kind": "hpcai500-tf gpu check",
-        "rehearsal_on_cpu": rehearse,
+        "rehearsal_on_cpu": args.rehearse_on_cpu,
         "host": platform.node(),
-        "started": started,
-        "seconds": round(time.time() - started, 1),
-        "passed": passed,
-        "checks": checks,
+        "started": time.time(),
+        "deadline_s": args.deadline,
+        "cuda_cache_before": cuda_cache(),
+        "checks": {},
     }
-    out.write_text(json.dumps(summary, indent=1) + "\n")
+    write_summary(out, summary)  # from now on the file always holds the checks done so far
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # an outer timeout: keep the file
+    try:
+        with tempfile.TemporaryDirectory(prefix="hpcai500-gpu-check-") as scratch:
+            run_checks(summary, out, args, deadline, Path(scratch))
+    finally:
+        summary["cuda_cache_after"] = cuda_cache()
+        summary["checks"].get("train_fp16", {}).pop("record", None)
+        write_summary(out, summary)
+    checks = summary["checks"]
     for name, check in checks.items():
         why = f": {check['why']}" if check.get("why") else ""
         print(f"{name:11s} {check['status']}{why}".splitlines()[0][:200])
     print(f"summary: {out}")
-    if not passed:
-        failed = [n for n, c in checks.items() if c["status"] != "passed"]
+    if not summary["passed"]:
+        failed = [n for n in CHECKS if checks.get(n, {}).get("status") != "passed"]
         print(f"gpu_check: not every check passed ({', '.join(failed)})", file=sys.stderr)
-    return 0 if passed else 1
+    return 0 if summary["passed"] else 1
 
 
 if __name__ == "__main__":
