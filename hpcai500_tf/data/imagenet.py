@@ -8,6 +8,8 @@ bytes of float32 to copy to the accelerator, where `normalise` (the channel stat
 the model's first computation. Whether the parallel interleave and map keep their order is left
 to the dataset's `tf.data.Options().deterministic`, which the engine sets from
 `training.deterministic`; the interleave reads as many files at once as this process has cores.
+Workers get whole files when there are at least as many files as workers, else each file's
+records split by position: either way a partition of the split, whatever that order.
 
 Before a run, each split's records are counted from the TFRecord headers (no image decoded) and
 the labels of the first records of each shard are read; both are kept in a count cache beside
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,33 +132,49 @@ def imagenet_dataset(
     shard: tuple[int, int] = (1, 0),
     shuffle_buffer: int = 10_000,
 ) -> tf.data.Dataset:
-    """Decoded, preprocessed (uint8 image, label) pairs of one split, sharded by file per
-    worker. The parallel interleave and map follow `tf.data.Options().deterministic` (True
-    unless the caller's options say otherwise)."""
+    """Decoded, preprocessed (uint8 image, label) pairs of one worker's shard, a partition of
+    the split over the workers (`worker_records`). The parallel interleave and map follow
+    `tf.data.Options().deterministic` (True unless the caller's options say otherwise)."""
     files = shard_files(data_dir, "train" if training else "validation")
-    count, index = shard
-    if len(files) >= count:
-        dataset = tf.data.Dataset.from_tensor_slices(files).shard(count, index)
-        files_here = len(range(index, len(files), count))
-        sharded_by_file = True
-    else:
-        dataset = tf.data.Dataset.from_tensor_slices(files)
-        files_here = len(files)
-        sharded_by_file = False
+    dataset, files_here, read = worker_records(files, *shard)
     if training:
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.shuffle(files_here, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=interleave_width(files_here),
-        num_parallel_calls=tf.data.AUTOTUNE,
+        read, cycle_length=interleave_width(files_here), num_parallel_calls=tf.data.AUTOTUNE
     )
-    if not sharded_by_file:
-        dataset = dataset.shard(count, index)
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return dataset.map(
         lambda s: parse_example(s, training, image_size, label_offset, seed),
         num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def worker_records(
+    files: list[str], count: int, index: int
+) -> tuple[tf.data.Dataset, int, Callable[[tf.Tensor], tf.data.Dataset]]:
+    """(file names, how many, reader) of worker `index` of `count`: whole files when there
+    are at least as many files as workers, else every file with its records split by position
+    (record i to worker i % count) before any interleave, so that no order can make shards
+    overlap."""
+    if len(files) >= count:
+        here = files[index::count]
+        return tf.data.Dataset.from_tensor_slices(here), len(here), tf.data.TFRecordDataset
+    return (
+        tf.data.Dataset.from_tensor_slices(files),
+        len(files),
+        lambda path: tf.data.TFRecordDataset(path).shard(count, index),
+    )
+
+
+def sharding_warning(data_dir: str | Path, split: str, workers: int) -> str | None:
+    """The one-line warning for a split with fewer shard files than workers (slower reads)."""
+    files = len(shard_files(data_dir, split))
+    if files >= workers:
+        return None
+    return (
+        f"the {split} split has {files} TFRecord file(s) for {workers} workers: its records "
+        "are split by position within each file, so every worker reads every file"
     )
 
 

@@ -195,9 +195,9 @@ class Engine:
     def train_batches(self, seed_offset: int = 0):
         return iter(self._dataset(True, self.training.seed + seed_offset))
 
-    def check_data(self) -> None:
+    def check_data(self) -> list[str]:
         """Refuse training data whose images do not fit the model: the workload's input shape
-        and `input_dtype`. Reads no data."""
+        and `input_dtype`. Reads no data. Returns the workload's data warnings, shown too."""
         images_spec = self._dataset(True, self.training.seed).element_spec[0]
         specs = getattr(images_spec, "_value_specs", None) or (images_spec,)
         expected = tuple(self.workload.input_shape())
@@ -208,6 +208,10 @@ class Engine:
                     f"the training data gives {spec.dtype.name} images of shape "
                     f"{tuple(spec.shape[1:])}; the model expects {dtype.name} {expected}"
                 )
+        warnings = self.workload.data_warnings(self.workers)
+        for warning in warnings if self.view else ():
+            self.view.message(warning)
+        return warnings
 
     def synthetic_batch(self):
         """A zero batch with the training data's element spec: for tracing and warm-up, so
@@ -252,6 +256,11 @@ class Engine:
         except RuntimeError:  # the default strategy: one replica
             local_replicas = 1
         return self.training.batch_per_replica * local_replicas
+
+    @property
+    def workers(self) -> int:
+        """Workers reading the data, one input pipeline each (every one has as many replicas)."""
+        return self.global_batch // self.local_batch
 
     def evaluate(self) -> float:
         batches = [

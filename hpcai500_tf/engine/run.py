@@ -303,7 +303,7 @@ def prepare_run(
         check_multi_worker(engine, workers, config_id)
     if rank != 0:
         engine.view = None  # the chief reports the run
-    engine.check_data()
+    device_warnings += engine.check_data()  # e.g. fewer validation files than workers
     if resume:
         run_dir = Path(resume)
     elif rank == 0:

@@ -170,6 +170,10 @@ class ExtremeWeather:
             self.image_size,
         )  # fmt: skip
 
+    def data_warnings(self, workers: int) -> list[str]:
+        """None: each worker's (file, sample) pairs are its own slice, whatever the file count."""
+        return []
+
     def per_example_loss(self, model, images, labels, label_smoothing: float):
         return model.training_losses(images, labels)
 

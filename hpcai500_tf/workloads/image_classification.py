@@ -149,6 +149,13 @@ class ImageClassification:
             self.data_dir, training, d.image_size, d.label_offset, seed, shard, d.shuffle_buffer
         )
 
+    def data_warnings(self, workers: int) -> list[str]:
+        """What the record should say about reading this data with `workers` workers."""
+        if self.data.source != "imagenet":
+            return []
+        warnings = (imagenet.sharding_warning(self.data_dir, split, workers) for split in SPLITS)
+        return [warning for warning in warnings if warning]
+
     def loss(self, labels, logits, label_smoothing: float):
         """Per-example cross entropy with label smoothing."""
         one_hot = tf.one_hot(labels, self.data.num_classes)
