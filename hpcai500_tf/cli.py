@@ -65,13 +65,13 @@ def _score(args: argparse.Namespace) -> int:
 
         print(json.dumps([{"record": p, **asdict(s)} for p, _, s in results], indent=2))
         return 0
-    from hpcai500_tf.report.console import console, score_table
+    from hpcai500_tf.report.console import console, escape, score_table
 
     for path, rec, score in results:
         console.print(score_table(path, rec, score))
     warning = scoring.mixed_bases([score for *_, score in results])
     if warning:
-        console.print(f"Warning: {warning}", style="yellow", markup=False)
+        console.print(f"Warning: {escape(warning)}", style="yellow")
     return 0
 
 

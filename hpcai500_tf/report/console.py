@@ -1,15 +1,17 @@
 """Rich tables for the CLI: system layers, score cards, rankings, the cluster.
 
-Text from records, logs and paths is shown literally (`escape`d), never read as markup."""
+Text from records, logs and paths is shown literally (`escape`d: control characters and
+unpaired surrogates as escapes, never read as markup)."""
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
 from hpcai500_tf.compare import Comparison
+from hpcai500_tf.report.text import printable
 from hpcai500_tf.scaling import Series
 from hpcai500_tf.scoring import Ranking, Score
 
@@ -52,6 +54,11 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
     return f"{seconds / 3600:.2f} h ({seconds:.0f} s)"
+
+
+def escape(value) -> str:
+    """Text from records, logs or paths as markup that shows it as it is."""
+    return escape_markup(printable(value))
 
 
 def _value(value) -> str:
@@ -98,7 +105,7 @@ def cluster_table(plan: dict) -> Table:
     table.add_row("GPUs", escape(gpus + layout))
     table.add_row("CPUs", escape(f"{plan['cpus']} ({plan['cpus_from']})"))
     if plan["warning"]:
-        table.add_row("Warning", Text(plan["warning"], style="yellow"))
+        table.add_row("Warning", Text(printable(plan["warning"]), style="yellow"))
     table.add_row("Collective", f"{plan['collective']} (communication.collective=auto)")
     port = escape(plan["ports"]["this_task"])
     if plan["address"]:
@@ -165,7 +172,7 @@ def score_table(path: str, record: dict, score: Score) -> Table:
         reasons = escape("; ".join(record["not_rankable_reasons"]))
         table.add_row("Rankable", f"[yellow]no[/yellow]: {reasons}")
     for warning in record["warnings"]:
-        table.add_row("Warning", Text(warning, style="yellow"))
+        table.add_row("Warning", Text(printable(warning), style="yellow"))
     return table
 
 
@@ -202,7 +209,7 @@ def ranking_table(ranking: Ranking) -> Table:
             escape(", ".join(sorted({x.flop_basis for x in s.scores}))),
             cv(s.cv_time_to_quality),
             cv(s.cv_valid_flops),
-            Text("\n".join(s.notes), style="red") if s.notes else "-",
+            Text(printable("\n".join(s.notes)), style="red") if s.notes else "-",
         )
     return table
 
@@ -370,7 +377,7 @@ def comparison_tables(comparison: Comparison, path_a: str, path_b: str) -> list:
         fields = ", ".join(f"{u.layer}.{u.field}" for u in comparison.unknown[:8])
         more = f" and {len(comparison.unknown) - 8} more" if len(comparison.unknown) > 8 else ""
         layers.caption = escape(f"recorded by one side only (equality unknown): {fields}{more}")
-    verdict = Text(comparison.verdict, style="green" if comparison.valid else "yellow")
+    verdict = Text(printable(comparison.verdict), style="green" if comparison.valid else "yellow")
     results = Table(
         title=escape(f"A: {path_a}\nB: {path_b}"),
         caption=escape(

@@ -22,6 +22,7 @@ from hpcai500_tf.record import FLOP_BASES, training_throughput
 from hpcai500_tf.report import charts
 from hpcai500_tf.report.console import LAYER_NAMES, duration, si
 from hpcai500_tf.report.run_files import RunFiles, load_run
+from hpcai500_tf.report.text import printable
 
 INDEX = "index.html"
 LEVEL = "free"
@@ -65,7 +66,7 @@ svg { display: block; width: 100%; height: auto; }
 
 def escape(value) -> str:
     """Any value as HTML text: records, paths and sensor names are user input."""
-    return html.escape(str(value), quote=True)
+    return html.escape(printable(value), quote=True)
 
 
 # ----------------------------------------------------------------------------- writing
