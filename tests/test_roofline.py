@@ -8,7 +8,8 @@ import tensorflow as tf
 from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine.run import build_engine
-from hpcai500_tf.roofline import peaks, timed_ops, workload
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.roofline import peaks, sweep, timed_ops, workload
 from hpcai500_tf.roofline.sweep import QUICK, resnet50_conv_shapes
 
 
@@ -143,3 +144,102 @@ def test_the_weather_detector_is_placed_part_by_part():
     first = weather_conv_shapes(FULL)
     assert first[0].pixels == "768x1152px" and first[0].cin == 16
     assert weather_conv_shapes(QUICK) == []
+
+
+def test_a_gpu_gets_sizes_that_fill_it_and_the_cpu_plans_stay(monkeypatch):
+    """On a GPU: GEMMs to 8192 / 16384, convolutions at batch 128 / 256, 1 / 4 GiB streams and 8
+    dependent kernels per loop iteration; on a CPU the plans as they were."""
+    monkeypatch.setattr(sweep, "device_kind", lambda: "gpu")
+    name, quick = sweep.choose_plan(True, None)
+    assert name == "quick" and max(quick.gemm_sizes) == 8192 and quick.conv_batch == 128
+    assert quick.stream_elements * 4 == 2**30 and quick.chain == 8 and quick.device == "gpu"
+    _, full = sweep.choose_plan(False, "fp16")
+    assert max(full.gemm_sizes) == 16384 and full.conv_batch == 256 and full.dtypes == ("fp16",)
+    assert full.stream_elements * 4 == 4 * 2**30 and full.chain == 8
+    monkeypatch.setattr(sweep, "device_kind", lambda: "cpu")
+    assert sweep.choose_plan(True, None) == ("quick", QUICK) and QUICK == sweep.SweepPlan(
+        (256, 512, 1024), 8, "stage_3x3", 1 << 25, 0.05, ("fp32", "bf16"), 20, 1, "cpu"
+    )
+    assert sweep.choose_plan(False, None, "cpu")[1] == sweep.FULL and sweep.FULL.chain == 1
+    method = sweep.new_record("quick", {}, None, {}, chain=8)["timing_method"]
+    assert "8 dependent kernels per iteration" in method
+    assert "per iteration" not in sweep.new_record("quick", {}, None, {})["timing_method"]
+
+
+def test_chained_kernels_are_timed_per_kernel():
+    """`chain` steps per loop iteration, each traced once into the loop body."""
+    timing = timed_ops.time_chain(lambda x: x * 1.5, tf.ones([4]), 0.001, calls=1, chain=3)
+    assert timing.chain == 3 and timing.seconds > 0
+    body = _loop_body(timed_ops.chain_loop(lambda x: x * 1.5, 3), tf.ones([4]))
+    assert [op.type for op in body.get_operations()].count("Mul") == 3
+
+
+def test_a_plan_too_big_for_the_gpu_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(sweep, "device_memory", lambda: (2**30, "GPU 0 (Fake GPU, NVML)"))
+    with pytest.raises(UserError) as refused:
+        sweep.check_device_memory("quick", sweep.QUICK_GPU, [])
+    message = str(refused.value)
+    assert "\n" not in message and "stream arrays" in message
+    assert "3.0 GiB" in message and "GPU 0 (Fake GPU, NVML)'s 1.0 GiB" in message
+    sweep.check_device_memory("quick", QUICK, [])  # the CPU plan: host memory, size by size
+    monkeypatch.setattr(sweep, "device_memory", lambda: (80 * 2**30, "GPU 0 (Fake GPU, NVML)"))
+    sweep.check_device_memory("full", sweep.FULL_GPU, [])
+    monkeypatch.setattr(sweep, "device_memory", lambda: (16 * 2**30, "GPU 0 (Fake GPU, NVML)"))
+    with pytest.raises(UserError, match="12.0 GiB for stream.*; try --quick"):
+        sweep.check_device_memory("full", sweep.FULL_GPU, [])
+    monkeypatch.setattr(sweep, "device_memory", lambda: (None, "NVML unavailable"))
+    said = []
+    sweep.check_device_memory("full", sweep.FULL_GPU, [], said.append)
+    assert "not checked" in said[0]
+
+
+def _loop_body(run, state):
+    """The while loop's body graph in the traced timing function."""
+    graph = run.get_concrete_function(state, tf.constant(1)).graph
+    (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    return loop._body_graph  # while_v2 keeps it on the op (its gradient reads it too)
+
+
+def test_the_filter_gradient_timing_adds_no_pass_over_the_input():
+    """Each repetition waits on the last through the filter-sized state: the only tensor of
+    the input's shape in the loop body is the convolution's own input."""
+    shape = timed_ops.ConvShape("c", 2, 8, 8, 4, 6, 3, 1)  # cin != cout: dy is not input-shaped
+    step, start = timed_ops.conv_step(shape, "fp32", "backward_filter")
+    body = _loop_body(timed_ops.chain_loop(step, 2), start)
+    convs = [op for op in body.get_operations() if op.type == "Conv2DBackpropFilter"]
+    assert len(convs) == 2 and all(op.control_inputs for op in convs)  # chained, not free
+    input_shape = [shape.batch, shape.height, shape.width, shape.cin]
+    input_shaped = {
+        t.name for op in body.get_operations() for t in op.outputs if t.shape == input_shape
+    }
+    assert input_shaped == {op.inputs[0].name for op in convs}
+
+
+def test_tf32_is_put_back_after_each_measurement(monkeypatch):
+    """On for tf32, off for the others while measuring; TensorFlow's setting after, also when
+    the measurement fails (a flag: toggling it needs no GPU)."""
+    seen = []
+
+    def fake_time_chain(step, state, min_seconds, calls=5, chain=1):
+        seen.append(tf.config.experimental.tensor_float_32_execution_enabled())
+        if min_seconds < 0:
+            raise RuntimeError("failed measurement")
+        return timed_ops.Timing(1.0, 0.0, 1, 1, chain)
+
+    monkeypatch.setattr(timed_ops, "time_chain", fake_time_chain)
+    shape = timed_ops.ConvShape("c", 1, 4, 4, 2, 2, 1, 1)
+    default = tf.config.experimental.tensor_float_32_execution_enabled()
+    try:
+        for before in (True, False):
+            tf.config.experimental.enable_tensor_float_32_execution(before)
+            seen.clear()
+            timed_ops.gemm(8, "tf32", 0.0, layout="nn")
+            timed_ops.conv(shape, "fp32", "backward_filter", 0.0)
+            timed_ops.gemm(8, "fp16", 0.0, layout="nn")
+            assert seen == [True, False, False]
+            assert tf.config.experimental.tensor_float_32_execution_enabled() is before
+            with pytest.raises(RuntimeError):
+                timed_ops.gemm(8, "tf32", -1.0, layout="nn")
+            assert tf.config.experimental.tensor_float_32_execution_enabled() is before
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(default)

@@ -29,6 +29,8 @@ class SweepPlan:
     min_seconds: float
     dtypes: tuple[str, ...]
     seconds_per_dtype: float  # past this, a dtype's remaining measurements are skipped
+    chain: int = 1  # dependent kernels per loop iteration: the loop's cost spread over them
+    device: str = "cpu"  # what the plan is sized for: "cpu" (host memory) or "gpu"
 
 
 QUICK = SweepPlan((256, 512, 1024), 8, "stage_3x3", 1 << 25, 0.05, ("fp32", "bf16"), 20)
@@ -40,6 +42,24 @@ FULL = SweepPlan(
     0.2,
     ("fp64", "fp32", "tf32", "bf16", "fp16"),
     150,
+)
+# A GPU's kernels at the CPU sizes take microseconds, less than a loop iteration costs to
+# launch: sizes that fill the chip (streams of 1 and 4 GiB), 8 dependent kernels an iteration.
+QUICK_GPU = dataclasses.replace(
+    QUICK,
+    gemm_sizes=(2048, 4096, 8192),
+    conv_batch=128,
+    stream_elements=1 << 28,
+    chain=8,
+    device="gpu",
+)
+FULL_GPU = dataclasses.replace(
+    FULL,
+    gemm_sizes=(1024, 2048, 4096, 8192, 16384),
+    conv_batch=256,
+    stream_elements=1 << 30,
+    chain=8,
+    device="gpu",
 )
 
 
@@ -72,6 +92,52 @@ def _fits(bytes_needed: float) -> bool:
     """Refuse sizes that would not fit: a quarter of physical memory at most."""
     total = benchmark_layers.hardware_layer().get("memory_bytes") or 0
     return not total or bytes_needed < total / 4
+
+
+def device_kind() -> str:
+    """What the sweep computes on: "gpu" where TensorFlow sees one (it places kernels there)."""
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def device_memory() -> tuple[int | None, str]:
+    """(bytes or None, which) of the GPU the sweep runs on: the first the run uses, from NVML
+    (TensorFlow reports only the memory in use, not the total)."""
+    hardware = benchmark_layers.hardware_layer()
+    used = [g for g in hardware.get("accelerators") or [] if g.get("visible", True)]
+    if not used:
+        return None, hardware.get("accelerator_note") or "no GPU listed by NVML"
+    return used[0]["memory_bytes"], f"GPU {used[0]['index']} ({used[0]['model']}, NVML)"
+
+
+def largest_arrays(plan: SweepPlan, conv_shapes: list[timed_ops.ConvShape]) -> tuple[float, str]:
+    """(bytes, what) of the measurement in the plan that holds the most memory at once."""
+    itemsize = max(timed_ops.DTYPES[d].size for d in plan.dtypes)
+    sizes = [(3.0 * plan.stream_elements * 4, f"stream arrays of {plan.stream_elements} fp32")]
+    sizes += [
+        (3.0 * n * n * itemsize, f"gemm {n}x{n} ({itemsize}-byte values)") for n in plan.gemm_sizes
+    ]
+    for s in conv_shapes:  # input, filter, output, and the input-shaped input gradient
+        bytes_needed = s.bytes(itemsize) + s.batch * s.height * s.width * s.cin * itemsize
+        sizes.append((bytes_needed, f"conv {s.name} at batch {s.batch} {s.pixels}"))
+    return max(sizes)
+
+
+def check_device_memory(plan_name: str, plan: SweepPlan, conv_shapes, say=print) -> None:
+    """Refuse, before anything runs, a GPU plan whose largest measurement needs more than half
+    the GPU's memory (the rest for TensorFlow's allocator and cuDNN's workspaces)."""
+    if plan.device != "gpu":
+        return  # on the host, each size is checked against host memory as it comes (_fits)
+    total, which = device_memory()
+    if not total:
+        say(f"device memory unknown ({which}): the plan's sizes are not checked against it")
+        return
+    needed, what = largest_arrays(plan, conv_shapes)
+    if needed > total / 2:
+        raise UserError(
+            f"the {plan_name} GPU roofline plan needs {needed / 2**30:.1f} GiB for {what}, more "
+            f"than half of {which}'s {total / 2**30:.1f} GiB"
+            + ("; try --quick" if plan_name == "full" else "")
+        )
 
 
 def measure_ceilings(plan: SweepPlan, conv_shapes: list[timed_ops.ConvShape], say=print) -> dict:
@@ -124,7 +190,9 @@ def _measure_bandwidth(plan: SweepPlan, skipped: dict, say) -> dict:
         if not _fits(3 * plan.stream_elements * 4):
             skipped[f"stream {name}"] = "arrays do not fit in memory"
             continue
-        rate, timing = timed_ops.stream(name, plan.stream_elements, "fp32", plan.min_seconds)
+        rate, timing = timed_ops.stream(
+            name, plan.stream_elements, "fp32", plan.min_seconds, plan.chain
+        )
         bandwidth[name] = {"bytes_per_s": rate, "spread": timing.spread}
         say(f"stream {name:5s} {rate / 1e9:8.1f} GB/s")
     return bandwidth
@@ -138,10 +206,10 @@ def _measure_gemm(plan: SweepPlan, dtype: str, deadline: float, skipped: dict, s
             skipped[f"{dtype} gemm {n}"] = "does not fit in memory"
             continue
         # A repetition at this size must fit the time left several times over.
-        if rate and 2 * n**3 / rate * 10 > deadline - time.perf_counter():
+        if rate and 2 * n**3 / rate * 10 * plan.chain > deadline - time.perf_counter():
             skipped[f"{dtype} gemm {n}+"] = "beyond this dtype's time bound"
             break
-        rate, timing, layout = timed_ops.gemm(n, dtype, plan.min_seconds)
+        rate, timing, layout = timed_ops.gemm(n, dtype, plan.min_seconds, chain=plan.chain)
         gemm.append({"n": n, "flops": rate, "spread": timing.spread, "layout": layout})
         say(f"{dtype} gemm {n:5d} {rate / 1e9:9.1f} GFLOP/s ({layout})")
     return gemm
@@ -158,12 +226,15 @@ def _measure_convs(plan, dtype, conv_shapes, deadline, skipped, say) -> list:
             break
         # Its three passes, a few repetitions each at the slowest pass rate seen so far,
         # must fit the time left: one TensorFlow call cannot be interrupted.
-        if slowest and 3 * 3 * shape.flops() / slowest > deadline - time.perf_counter():
+        if (
+            slowest
+            and 3 * 3 * shape.flops() * plan.chain / slowest > deadline - time.perf_counter()
+        ):
             skipped[f"{dtype} conv {shape.name} {shape.pixels}"] = "beyond this dtype's time bound"
             continue
         rates = []
         for direction in ("forward", "backward_input", "backward_filter"):
-            rate, timing = timed_ops.conv(shape, dtype, direction, plan.min_seconds)
+            rate, timing = timed_ops.conv(shape, dtype, direction, plan.min_seconds, plan.chain)
             rates.append(rate)
             convs.append(
                 {"shape": shape.__dict__, "direction": direction, "flops": rate,
@@ -179,8 +250,9 @@ def _measure_convs(plan, dtype, conv_shapes, deadline, skipped, say) -> list:
     return convs
 
 
-def workload_points(engine, min_seconds: float, say=print) -> dict:
-    """The engine's model: each layer alone, and its whole train step, at its batch."""
+def workload_points(engine, min_seconds: float, say=print, chain: int = 1) -> dict:
+    """The engine's model: each layer alone (`chain` per loop iteration), and its whole train
+    step, at its batch."""
     dtype = (
         "bf16"
         if engine.policy == "mixed_bfloat16"
@@ -188,7 +260,7 @@ def workload_points(engine, min_seconds: float, say=print) -> dict:
     )
     itemsize = timed_ops.DTYPES[dtype].size
     shapes = workload.layer_shapes(engine.model, engine.global_batch)
-    points = workload.layer_points(shapes, dtype, itemsize, min_seconds)
+    points = workload.layer_points(shapes, dtype, itemsize, min_seconds, chain=chain)
     batch = engine.synthetic_batch()
     step_flops = engine.count_flops(batch).total
     engine.warm_up(batch)
@@ -236,8 +308,13 @@ def record_point(record: dict, engine) -> dict:
 
 
 def new_record(
-    plan_name: str, measured: dict, workload_result: dict | None, setup_info: dict
+    plan_name: str, measured: dict, workload_result: dict | None, setup_info: dict, chain: int = 1
 ) -> dict:
+    per_kernel = (
+        f"; {chain} dependent kernels per iteration, the time per kernel the iteration's / {chain}"
+        if chain > 1
+        else ""
+    )
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": RECORD_KIND,
@@ -250,15 +327,20 @@ def new_record(
         "timing_method": (
             "each repetition depends on the previous result inside one "
             "tf.function while loop; warm-up call, repetitions doubled to a "
-            "minimum time, 5 timed calls, median; sync by reading a value back"
+            "minimum time, 5 timed calls, median; sync by reading a value back" + per_kernel
         ),
         "tensorflow": tf.__version__,
     }
 
 
-def choose_plan(quick: bool, dtypes: str | None) -> tuple[str, SweepPlan]:
-    """The quick or full plan, optionally limited to a comma-separated list of dtypes."""
-    name, plan = ("quick", QUICK) if quick else ("full", FULL)
+def choose_plan(
+    quick: bool, dtypes: str | None, device: str | None = None
+) -> tuple[str, SweepPlan]:
+    """The quick or full plan for the device ("cpu" or "gpu"; by default the one TensorFlow
+    computes on), optionally limited to a comma-separated list of dtypes."""
+    gpu = (device or device_kind()) == "gpu"
+    name = "quick" if quick else "full"
+    plan = (QUICK_GPU if gpu else QUICK) if quick else (FULL_GPU if gpu else FULL)
     if dtypes:
         unknown = set(dtypes.split(",")) - set(timed_ops.DTYPES)
         if unknown:
@@ -287,10 +369,11 @@ def run_sweep(
         raise UserError(f"{out}: exists and is not an empty directory; refusing to overwrite it")
     engine = build_engine(setup, None)
     conv_shapes = resnet50_conv_shapes(plan) + weather_conv_shapes(plan)
+    check_device_memory(plan_name, plan, conv_shapes, say)
     measured = measure_ceilings(plan, conv_shapes, say)
-    work = workload_points(engine, plan.min_seconds, say) if place_workload else None
+    work = workload_points(engine, plan.min_seconds, say, plan.chain) if place_workload else None
     where = {"benchmark": setup.benchmark.name, "preset": setup.preset}
-    result = new_record(plan_name, measured, work, where)
+    result = new_record(plan_name, measured, work, where, plan.chain)
     if run_record:
         result["run"] = {"record": str(record_path), **record_point(run_record, engine)}
     out.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,14 @@ streaming, each timed with warm-up, a device sync, repetitions to a minimum time
 
 Each repetition depends on the previous one's result inside one tf.function (a while loop),
 so TensorFlow can neither merge identical calls nor drop them: done naively, identical matmuls
-in one function are merged and report several times the machine's peak.
+in one function are merged and report several times the machine's peak. On a GPU each loop
+iteration runs `chain` dependent kernels, so the loop's own cost per iteration (tens of
+microseconds) is spread over them; the time reported is per kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,20 +29,32 @@ TINY = 1e-30  # couples one repetition to the next without changing the values t
 
 @dataclass(frozen=True)
 class Timing:
-    seconds: float  # median per repetition
+    seconds: float  # median per kernel (per repetition of `step`)
     spread: float  # (max - min) / median over the timed calls
-    repetitions: int  # repetitions per timed call
+    repetitions: int  # loop iterations per timed call
     calls: int
+    chain: int = 1  # dependent kernels per loop iteration
 
 
-def time_chain(step, state, min_seconds: float, calls: int = 5) -> Timing:
-    """Time `state = step(state)` repeated in a while loop; median seconds per repetition."""
+def chain_loop(step, chain: int = 1):
+    """The timed tf.function: `count` while-loop iterations of `chain` dependent steps each."""
+
+    def body(i, state):
+        for _ in range(chain):
+            state = step(state)
+        return i + 1, state
 
     @tf.function
     def run(state, count):
-        return tf.while_loop(
-            lambda i, s: i < count, lambda i, s: (i + 1, step(s)), (tf.constant(0), state)
-        )[1]
+        return tf.while_loop(lambda i, s: i < count, body, (tf.constant(0), state))[1]
+
+    return run
+
+
+def time_chain(step, state, min_seconds: float, calls: int = 5, chain: int = 1) -> Timing:
+    """Time `state = step(state)` repeated in a while loop, `chain` times per iteration;
+    median seconds per step."""
+    run = chain_loop(step, chain)
 
     def sync(result):
         flat = tf.nest.flatten(result)
@@ -58,9 +73,9 @@ def time_chain(step, state, min_seconds: float, calls: int = 5) -> Timing:
     for _ in range(calls):
         start = time.perf_counter()
         sync(run(state, tf.constant(count)))
-        samples.append((time.perf_counter() - start) / count)
+        samples.append((time.perf_counter() - start) / (count * chain))
     median = statistics.median(samples)
-    return Timing(median, (max(samples) - min(samples)) / median, count, calls)
+    return Timing(median, (max(samples) - min(samples)) / median, count, calls, chain)
 
 
 def dtype_supported(dtype_name: str) -> str | None:
@@ -89,26 +104,37 @@ def dtype_supported(dtype_name: str) -> str | None:
     return None
 
 
-def _set_tf32(dtype_name: str) -> None:
+@contextlib.contextmanager
+def tf32_for(dtype_name: str):
+    """TF32 on for "tf32", off otherwise, while measuring; TensorFlow's setting as it was after
+    (the default is on), so the workload's train step runs as training does."""
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(dtype_name == "tf32")
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
 
 
 GEMM_LAYOUTS = ("nn", "nt")  # B as stored, or transposed: oneDNN's speed differs by layout
 
 
 def gemm(
-    n: int, dtype_name: str, min_seconds: float, layout: str | None = None
+    n: int, dtype_name: str, min_seconds: float, layout: str | None = None, chain: int = 1
 ) -> tuple[float, Timing, str]:
     """FLOPS of an n x n x n matrix multiply (2 n^3 per multiply), best over layouts."""
-    _set_tf32(dtype_name)
     dtype = DTYPES[dtype_name]
     b = tf.cast(tf.random.stateless_normal([n, n], [1, 2]) / n**0.5, dtype)
     a = tf.cast(tf.random.stateless_normal([n, n], [3, 4]), dtype)
     best = None
     for name in (layout,) if layout else GEMM_LAYOUTS:
-        timing = time_chain(
-            lambda x, t=(name == "nt"): tf.linalg.matmul(x, b, transpose_b=t), a, min_seconds
-        )
+        with tf32_for(dtype_name):
+            timing = time_chain(
+                lambda x, t=(name == "nt"): tf.linalg.matmul(x, b, transpose_b=t),
+                a,
+                min_seconds,
+                chain=chain,
+            )
         if best is None or timing.seconds < best[1].seconds:
             best = (2.0 * n**3 / timing.seconds, timing, name)
     return best
@@ -156,11 +182,9 @@ class ConvShape:
         return float(elements * itemsize)
 
 
-def conv(
-    shape: ConvShape, dtype_name: str, direction: str, min_seconds: float
-) -> tuple[float, Timing]:
-    """FLOPS of one convolution pass: forward, backward_input or backward_filter."""
-    _set_tf32(dtype_name)
+def conv_step(shape: ConvShape, dtype_name: str, direction: str):
+    """(step, start) of one convolution pass, each step coupled to the previous through the
+    filter-sized tensor: no step adds a pass over the input or the output of its own."""
     dtype = DTYPES[dtype_name]
     s, k = shape, shape.kernel
     x = tf.cast(tf.random.stateless_normal([s.batch, s.height, s.width, s.cin], [5, 6]), dtype)
@@ -179,7 +203,6 @@ def conv(
         def step(state):
             return couple(state, tf.nn.conv2d(x, state, strides, "SAME"))
 
-        start = w
     elif direction == "backward_input":
 
         def step(state):
@@ -194,32 +217,43 @@ def conv(
                 ),
             )
 
-        start = w
     elif direction == "backward_filter":
+        # The filter gradient reads no filter: the state is a filter-shaped tensor each gradient
+        # waits on (a control input), so coupling costs a filter-sized add, no pass over x.
+        filter_sizes = tf.constant([k, k, s.cin, s.cout])
 
         def step(state):
-            return couple(
-                state,
-                tf.raw_ops.Conv2DBackpropFilter(
-                    input=state,
-                    filter_sizes=tf.shape(w),
+            with tf.control_dependencies([state]):
+                gradient = tf.raw_ops.Conv2DBackpropFilter(
+                    input=x,
+                    filter_sizes=filter_sizes,
                     out_backprop=dy,
                     strides=strides,
                     padding="SAME",
-                ),
-            )
+                )
+            return couple(state, gradient)
 
-        start = x
     else:
         raise ValueError(f"unknown direction {direction}")
-    timing = time_chain(step, start, min_seconds)
+    return step, w
+
+
+def conv(
+    shape: ConvShape, dtype_name: str, direction: str, min_seconds: float, chain: int = 1
+) -> tuple[float, Timing]:
+    """FLOPS of one convolution pass: forward, backward_input or backward_filter."""
+    step, start = conv_step(shape, dtype_name, direction)
+    with tf32_for(dtype_name):
+        timing = time_chain(step, start, min_seconds, chain=chain)
     return shape.flops() / timing.seconds, timing
 
 
 STREAM_KERNELS = ("copy", "scale", "add", "triad")
 
 
-def stream(kernel: str, elements: int, dtype_name: str, min_seconds: float) -> tuple[float, Timing]:
+def stream(
+    kernel: str, elements: int, dtype_name: str, min_seconds: float, chain: int = 1
+) -> tuple[float, Timing]:
     """Bytes/s of a STREAM-style kernel over arrays far larger than the last-level cache."""
     dtype = DTYPES[dtype_name]
     q = tf.constant(0.5, dtype)
@@ -251,5 +285,5 @@ def stream(kernel: str, elements: int, dtype_name: str, min_seconds: float) -> t
         moved = 3
     else:
         raise ValueError(f"unknown stream kernel {kernel}")
-    timing = time_chain(step, tf.cast(tf.fill([elements], 1.0), dtype), min_seconds)
+    timing = time_chain(step, tf.cast(tf.fill([elements], 1.0), dtype), min_seconds, chain=chain)
     return moved * elements * itemsize / timing.seconds, timing

@@ -48,10 +48,11 @@ def layer_points(
     itemsize: int,
     min_seconds: float,
     progress=None,
+    chain: int = 1,
 ) -> list[dict]:
     points = []
     for index, (shape, count) in enumerate(shapes):
-        achieved, timing = conv(shape, dtype, "forward", min_seconds)
+        achieved, timing = conv(shape, dtype, "forward", min_seconds, chain)
         points.append(
             {
                 "layer": (
