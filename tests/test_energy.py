@@ -3,6 +3,7 @@ record's energy block, and a training run measured end to end."""
 
 import json
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from hpcai500_tf.cli import main
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.integrate import energy_over
 from hpcai500_tf.energy.meter_log import read_meter_log
-from hpcai500_tf.energy.sources import discover, nvml_sources, rapl_sources
+from hpcai500_tf.energy.sources import Source, discover, nvml_sources, rapl_sources
 from hpcai500_tf.errors import UserError
 
 # ------------------------------------------------------------------------ arithmetic
@@ -594,8 +595,8 @@ def test_other_workers_are_gathered_once_per_host():
         {**_measurement("gpu0", "GPU board", 3000.0, 10.0, 100), "sample_hz": 10.0},
     ]
     vector = power.worker_vector(own)
-    same_host = list(vector)
-    other_host = [vector[0] + 1, *vector[1:]]
+    same_host = list(vector)  # worker 1: worker 0's package and board
+    other_host = [vector[0] + 1, *power.worker_vector([own[0], {**own[1], "host": "h2"}])[1:]]
     bare_host = [vector[0] + 2] + [0.0] * (len(vector) - 1)
     measurements, notes = power.other_workers([vector, same_host, other_host, bare_host])
     assert {m["worker"] for m in measurements} == {2}  # worker 1 shares worker 0's host
@@ -614,3 +615,162 @@ def test_a_meter_on_worker_0_adds_the_other_nodes_sampled_parts():
     block, _ = power.energy_block([meter, remote], [], 10.0, 10.0)
     assert block["average_watts"] == pytest.approx(1100.0)
     assert block["scope"] == "whole node of worker 0 (meter log), other workers' 2 CPU packages"
+
+
+class GPUsOfAHost(FakeNVML):
+    """`count` GPUs with energy counters, GPU i at 100 W x (i + 1), UUIDs unique to `host`."""
+
+    def __init__(self, clock, host: str, count: int):
+        super().__init__(clock)
+        self.host, self.count = host, count
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetName(self, handle):
+        return "Fake H200"
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{self.host}-{handle}"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return int(100_000 * (handle + 1) * (self.clock() - 1000.0))
+
+
+def _worker(monkeypatch, host: str, rank: int, visible: str, gpus: int = 8):
+    """(measurements, gathered vector) of worker `rank` on `host` over 2 s: the GPUs of a fake
+    NVML that CUDA_VISIBLE_DEVICES=`visible` names, and the host's CPU package at 50 W."""
+    clock = FakeClock()
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    sources, _ = nvml_sources(GPUsOfAHost(clock, host, gpus))
+    package = Source("rapl:package-0", "CPU package", "counter", "fake RAPL",
+                     read_value=lambda: 50.0 * (clock() - 1000.0))  # fmt: skip
+    sampler = power.PowerSampler([*sources, package], hz=10, worker=rank, clock=clock)
+    for _ in range(21):
+        sampler.sample_once()
+        clock.now += 0.1
+    measurements = sampler.measure([(1000.0, 1002.0)])
+    return measurements, power.worker_vector(measurements)
+
+
+def _gathered(workers: list, notes=(), meter: list = ()) -> dict:
+    others, more = power.other_workers([vector for _, vector in workers])
+    block, _ = power.energy_block([*workers[0][0], *meter, *others], [*notes, *more], 2.0, 10.0)
+    return block
+
+
+def test_eight_workers_of_one_host_count_every_gpu_and_the_package_once(monkeypatch):
+    workers = [_worker(monkeypatch, "node0", rank, str(rank)) for rank in range(8)]
+    assert all(len(vector) == power.VECTOR_LENGTH for _, vector in workers)
+    block = _gathered(workers)
+    assert block["scope"] == "8 GPU boards, 1 CPU package only"
+    assert block["average_watts"] == pytest.approx(100.0 * sum(range(1, 9)) + 50.0)
+    assert block["joules"] == pytest.approx(2.0 * (3600.0 + 50.0))
+    meter = [_measurement("meter", power.NODE, 9000.0, 2.0, 20)]  # holds all 8 GPUs already
+    assert _gathered(workers, meter=meter)["scope"] == "whole node (meter log)"
+
+
+def test_two_hosts_of_four_workers_count_eight_gpus_and_two_packages(monkeypatch):
+    workers = [_worker(monkeypatch, f"node{r // 4}", r, str(r % 4), gpus=4) for r in range(8)]
+    block = _gathered(workers)
+    assert block["scope"] == "8 GPU boards, 2 CPU packages only"
+    assert block["average_watts"] == pytest.approx(2 * (100.0 * sum(range(1, 5)) + 50.0))
+
+
+def test_a_board_two_workers_see_is_counted_once(monkeypatch):
+    workers = [_worker(monkeypatch, "node0", 0, "0"), _worker(monkeypatch, "node0", 1, "0,1")]
+    others, _ = power.other_workers([vector for _, vector in workers])
+    (gpus,) = [m for m in others if m["part"] == "GPU board"]
+    assert gpus["count"] == 1 and gpus["joules"] == pytest.approx(400.0)  # gpu1 only
+    assert "1 more seen by a lower rank" in gpus["method"]
+    assert _gathered(workers)["scope"] == "2 GPU boards, 1 CPU package only"
+
+
+def test_gpu_boards_beyond_the_slots_are_named(monkeypatch):
+    count = power.GPU_SLOTS + 2
+    many = ",".join(str(i) for i in range(count))
+    workers = [_worker(monkeypatch, "a", 0, "0"), _worker(monkeypatch, "b", 1, many, count)]
+    _, notes = power.other_workers([vector for _, vector in workers])
+    assert notes == [
+        f"worker 1: 2 of its {count} GPU boards not gathered (at most {power.GPU_SLOTS} per worker)"
+    ]
+
+
+class OneSegment:
+    """The engine `timed_run` needs: trains one 0.2 s segment, then raises `ending` if set."""
+
+    view = None
+    saved_epochs = None
+
+    def __init__(self, ending: BaseException | None = None):
+        self.ending = ending
+
+    def train_epochs(self, progress, save_dir, power=None):
+        start = time.time()
+        time.sleep(0.2)
+        progress.segments.append({"start": start, "stop": time.time()})
+        if self.ending:
+            raise self.ending
+
+
+def _timed(tmp_path, monkeypatch, rank: int, workers: int, ending=None):
+    """A worker's timed run, sampling a fake 50 W package: (the run, its outcome)."""
+    from hpcai500_tf.engine import run, run_record
+
+    start = time.time()
+    package = Source("rapl:package-0", "CPU package", "counter", "fake RAPL",
+                     read_value=lambda: 50.0 * (time.time() - start))  # fmt: skip
+    monkeypatch.setattr(run_record, "discover", lambda: ([package], []))
+    progress = run_record.Progress("x")
+    bench = run.BenchmarkRun(None, OneSegment(ending), workers, rank, tmp_path, tmp_path,
+                             False, progress, None)  # fmt: skip
+    return bench, run.timed_run(bench, 20.0)
+
+
+def test_a_workers_power_sample_rows_name_it(tmp_path, monkeypatch):
+    bench, _ = _timed(tmp_path, monkeypatch, rank=3, workers=8)
+    rows = bench.samples_path.read_text().splitlines()
+    assert bench.samples_path.name == "power-samples-worker3.csv" and len(rows) > 2
+    assert all(row.startswith("3,rapl:package-0,") for row in rows[1:])
+
+
+def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
+    tmp_path, monkeypatch, published_record
+):
+    from hpcai500_tf.engine import run
+
+    bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=run.Terminated())
+    assert outcome.status == "stopped" and outcome.peer_lost
+    others, notes = run.gather_energy(bench, outcome)  # no collective: the peers are stopping
+    energy, _ = run.energy_result(bench.progress, outcome.notes + notes, 20.0, None, others)
+    missing = "workers 1-7: energy not gathered (the run was stopped by SIGTERM: no collective"
+    assert energy["measured"] and energy["scope"] == "1 CPU package only"
+    assert any(item.startswith(missing) for item in energy["parts_not_measured"])
+    published_record["energy"] = energy
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(published_record))
+    assert record.load(path)["energy"]["parts_not_measured"] == energy["parts_not_measured"]
+    meter = [_measurement("meter", power.NODE, 9000.0, 10.0, 10)]  # worker 0's node only
+    block, _ = power.energy_block(meter, notes, 10.0, 10.0)
+    assert block["scope"] == "whole node (meter log)" and block["parts_not_measured"] == notes
+
+
+@pytest.mark.parametrize(
+    "outcome, why",
+    [
+        (
+            {"status": "stopped", "peer_lost": True},
+            "a peer worker was lost: no collective after it",
+        ),
+        ({"status": "failed"}, "the run failed: a peer may never join a collective"),
+    ],
+)
+def test_a_run_that_ended_without_gathering_says_whose_energy_is_missing(outcome, why):
+    from types import SimpleNamespace
+
+    from hpcai500_tf.engine import run
+
+    two_workers = SimpleNamespace(workers=2)
+    notes = [f"worker 1: energy not gathered ({why})"]
+    assert run.gather_energy(two_workers, run.Outcome(**outcome)) == ([], notes)

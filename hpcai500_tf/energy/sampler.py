@@ -135,6 +135,7 @@ def _identity(source: Source, worker: int) -> dict:
         "method": source.method,
         "worker": worker,
         "host": socket.gethostname(),
+        "uuid": source.uuid or None,
     }
 
 
@@ -213,7 +214,7 @@ def energy_block(
             warnings.append(f"power source {item['name']}: its energy did not move (left out)")
     node = [m for m in usable if m["part"] == NODE]
     # A meter log covers worker 0's node; other workers' nodes add what was sampled there.
-    in_scope = node + [m for m in usable if m["worker"] != 0] if node else usable
+    in_scope = node + [m for m in usable if m.get("node", m["worker"]) != 0] if node else usable
     if not in_scope:
         reason = "; ".join(notes) or "no power source gave a reading during the timed run"
         block = energy_not_measured(
@@ -232,7 +233,7 @@ def energy_block(
     if node and not counts:
         parts = [NODE]
         scope = f"{NODE} (meter log)"
-        not_measured = []
+        not_measured = [n for n in notes if n.startswith("worker")]  # the meter has the rest
     elif node:
         parts = [f"{NODE} of worker 0", *parts]
         scope = f"{NODE} of worker 0 (meter log), other workers' " + ", ".join(parts[1:])
@@ -289,12 +290,18 @@ def meter_log_summary(path: str) -> tuple[dict, list[str]]:
 
 
 # ------------------------------------------------------------------------ other workers
-# Each worker samples its own node; worker 0 gathers, per worker, the totals of each kind of
-# part as a fixed-length vector (a collective carries numbers only). Workers sharing a host
-# read the same sensors: only the lowest-ranked one of a host is counted.
+# Each worker samples its own sources; worker 0 gathers a fixed-length vector per worker (a
+# collective carries numbers only, one length on every worker). CPU packages and DRAM are read
+# host-wide: only the lowest-ranked worker of a host is counted. NVML GPUs are the ones each
+# worker uses: every worker's are counted, a board two workers see (same UUID) once.
 
-PARTS = ("GPU board", "CPU package", "DRAM")
+HOST_PARTS = ("CPU package", "DRAM")
+GPU = "GPU board"
+GPU_SLOTS = 16  # boards carried per worker; more are left out, with a note
 _FIELDS = ("count", "joules", "covered_s", "samples", "hz_seconds", "failed_reads")
+_SLOT = ("board", *_FIELDS[1:])  # a GPU slot: the board's id in place of a count
+_HEAD = 2 + len(HOST_PARTS) * len(_FIELDS)  # host id, GPU count, the host-wide parts
+VECTOR_LENGTH = _HEAD + GPU_SLOTS * len(_SLOT)
 
 
 def host_id() -> float:
@@ -302,57 +309,114 @@ def host_id() -> float:
     return float(zlib.crc32(socket.gethostname().encode()))
 
 
+def board_id(measurement: dict) -> float:
+    """A GPU board as a number exact in float64: crc32 of its NVML UUID (of host and source
+    name where NVML gave none), the same on every worker that sees the board."""
+    key = measurement.get("uuid") or f"{measurement['host']}:{measurement['name']}"
+    return float(zlib.crc32(key.encode()))
+
+
+def _fields(measurement: dict) -> dict:
+    """One source's measurement as the `_FIELDS` a vector carries."""
+    return {
+        "count": 1,
+        "joules": measurement["joules"],
+        "covered_s": measurement["covered_s"],
+        "samples": measurement["samples"],
+        "hz_seconds": measurement["sample_hz"] * measurement["covered_s"],
+        "failed_reads": measurement["failed_reads"],
+    }
+
+
+def _totals(items: list[dict]) -> dict:
+    """Several sources' `_FIELDS` as one: energy, samples and faults add up, covered time and
+    Hz x s are averaged per source."""
+    count = sum(item["count"] for item in items)
+    total = {key: sum(item[key] for item in items) for key in _FIELDS}
+    for key in ("covered_s", "hz_seconds"):
+        total[key] = sum(item[key] * item["count"] for item in items) / max(count, 1)
+    return total
+
+
 def worker_vector(measurements: list[dict]) -> list[float]:
-    """[host id, then for each part: sources, joules, covered s, samples, Hz x s, failed]."""
-    vector = [host_id()]
-    for part in PARTS:
-        mine = [m for m in measurements if m["part"] == part]
-        vector += [
-            len(mine),
-            sum(m["joules"] for m in mine),
-            sum(m["covered_s"] for m in mine) / max(len(mine), 1),
-            sum(m["samples"] for m in mine),
-            sum(m["sample_hz"] * m["covered_s"] for m in mine) / max(len(mine), 1),
-            sum(m["failed_reads"] for m in mine),
-        ]
-    return vector
+    """[host id, GPU boards, for each host-wide part its `_FIELDS`, then `GPU_SLOTS` boards:
+    id, joules, covered s, samples, Hz x s, failed (unused slots 0)], VECTOR_LENGTH long."""
+    gpus = [m for m in measurements if m["part"] == GPU]
+    vector = [host_id(), float(len(gpus))]
+    for part in HOST_PARTS:
+        totals = _totals([_fields(m) for m in measurements if m["part"] == part])
+        vector += [float(totals[key]) for key in _FIELDS]
+    for gpu in gpus[:GPU_SLOTS]:
+        vector += [board_id(gpu), *(float(_fields(gpu)[key]) for key in _FIELDS[1:])]
+    return vector + [0.0] * (VECTOR_LENGTH - len(vector))
+
+
+def _boards(vector: list[float]) -> list[dict]:
+    """The GPU slots a worker filled, as `_FIELDS` with the board's id."""
+    used = min(int(vector[1]), GPU_SLOTS)
+    size = len(_SLOT)
+    slots = [vector[_HEAD + size * i : _HEAD + size * (i + 1)] for i in range(used)]
+    return [{**dict(zip(_SLOT, slot, strict=True)), "count": 1} for slot in slots]
+
+
+def _summed(rank: int, node: int, part: str, totals: dict, method: str) -> dict:
+    """A worker's sources of one part, summed, as the record's measurement of them."""
+    return {
+        "name": f"worker{rank}:{part.lower().replace(' ', '_')}s",
+        "part": part,
+        "kind": "sum",
+        "count": int(totals["count"]),
+        "method": method,
+        "worker": rank,
+        "host": None,
+        "node": node,  # the lowest rank on its host; 0: worker 0's node (a meter log's)
+        "joules": totals["joules"],
+        "covered_s": totals["covered_s"],
+        "samples": int(totals["samples"]),
+        "sample_hz": totals["hz_seconds"] / totals["covered_s"] if totals["covered_s"] else 0.0,
+        "failed_reads": int(totals["failed_reads"]),
+        "first_error": None,
+        "counter_faults": 0,
+    }
 
 
 def other_workers(vectors: list[list[float]]) -> tuple[list[dict], list[str]]:
-    """Measurements of workers 1..N from everyone's vectors (row = rank), hosts counted once,
-    and a note for each worker whose node gave no reading."""
-    seen = {vectors[0][0]}
+    """Measurements of workers 1..N from everyone's vectors (row = rank): CPU packages and DRAM
+    once per host, GPU boards once per board; notes for a node with no reading and for boards
+    beyond the slots. (Worker 0's boards beyond the slots are not checked for sharing.)"""
+    hosts = {vectors[0][0]: 0}
+    boards = {board["board"] for board in _boards(vectors[0])}
     measurements, notes = [], []
     for rank, vector in enumerate(vectors[1:], start=1):
-        if vector[0] in seen:
-            continue  # worker 0 or a lower rank already measured this host
-        seen.add(vector[0])
-        found = False
-        for index, part in enumerate(PARTS):
-            values = dict(zip(_FIELDS, vector[1 + 6 * index : 7 + 6 * index], strict=True))
-            if not values["count"]:
-                continue
-            found = True
-            measurements.append(
-                {
-                    "name": f"worker{rank}:{part.lower().replace(' ', '_')}s",
-                    "part": part,
-                    "kind": "sum",
-                    "count": int(values["count"]),
-                    "method": f"{int(values['count'])} source(s) sampled on worker {rank}",
-                    "worker": rank,
-                    "host": None,
-                    "joules": values["joules"],
-                    "covered_s": values["covered_s"],
-                    "samples": int(values["samples"]),
-                    "sample_hz": values["hz_seconds"] / values["covered_s"]
-                    if values["covered_s"]
-                    else 0.0,
-                    "failed_reads": int(values["failed_reads"]),
-                    "first_error": None,
-                    "counter_faults": 0,
-                }
+        node = hosts.setdefault(vector[0], rank)
+        mine = []
+        for index, part in enumerate(HOST_PARTS if node == rank else ()):
+            start = 2 + index * len(_FIELDS)
+            totals = dict(zip(_FIELDS, vector[start : start + len(_FIELDS)], strict=True))
+            if totals["count"]:
+                method = f"{int(totals['count'])} source(s) sampled on worker {rank}"
+                mine.append(_summed(rank, node, part, totals, method))
+        gpus = _boards(vector)
+        new = [gpu for gpu in gpus if gpu["board"] not in boards]
+        boards.update(gpu["board"] for gpu in new)
+        if new:
+            method = f"{len(new)} GPU board(s) sampled on worker {rank}"
+            if len(new) < len(gpus):
+                method += f"; {len(gpus) - len(new)} more seen by a lower rank, counted there"
+            mine.append(_summed(rank, node, GPU, _totals(new), method))
+        if int(vector[1]) > GPU_SLOTS:
+            notes.append(
+                f"worker {rank}: {int(vector[1]) - GPU_SLOTS} of its {int(vector[1])} GPU "
+                f"boards not gathered (at most {GPU_SLOTS} per worker)"
             )
-        if not found:
+        if node == rank and not mine and not gpus:
             notes.append(f"worker {rank}: no power source on its node")
+        measurements += mine
     return measurements, notes
+
+
+def not_gathered(workers: int, what: str, why: str) -> str:
+    """A note naming the workers other than 0 (of `workers`) whose `what` the record lacks, and
+    why: worker notes start "worker" (a node meter does not cover them)."""
+    others = "worker 1" if workers == 2 else f"workers 1-{workers - 1}"
+    return f"{others}: {what} not gathered ({why})"

@@ -30,6 +30,7 @@ class Source:
     kind: str  # "counter" | "power"
     method: str  # how, in words, for the record
     wrap_j: float | None = None  # counter range, where it wraps
+    uuid: str = ""  # a GPU's NVML UUID: the board's identity across workers
     read_value: object = field(default=None, repr=False)  # () -> float
 
     def read(self) -> float:
@@ -39,7 +40,7 @@ class Source:
 # ----------------------------------------------------------------------------- NVML
 
 
-def _nvml_source(nvml, index: int, handle, model: str) -> Source:
+def _nvml_source(nvml, index: int, handle, model: str, uuid: str) -> Source:
     """The total-energy counter where the GPU has one, else power samples."""
     try:
         nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
@@ -49,6 +50,7 @@ def _nvml_source(nvml, index: int, handle, model: str) -> Source:
             "GPU board",
             "power",
             f"NVML power usage samples (no energy counter on this GPU), {model}",
+            uuid=uuid,
             read_value=lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1e3,
         )
     return Source(
@@ -56,6 +58,7 @@ def _nvml_source(nvml, index: int, handle, model: str) -> Source:
         "GPU board",
         "counter",
         f"NVML total energy counter, {model}",
+        uuid=uuid,
         read_value=lambda h=handle: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,
     )
 
@@ -72,7 +75,8 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
     UUIDs, read as CUDA reads them), every GPU when it is unset. The note names the GPUs left
     out and anything in the variable that is no GPU here; MIG instances are out of scope (no
     GPU source: a board's counter would count the other instances too). Sources are named by
-    NVML index ("gpu2"), which is the same whatever the variable says.
+    NVML index ("gpu2"), which is the same whatever the variable says, and carry the GPU's UUID
+    (how the chief of a multi-worker run counts a board that two workers see once).
 
     `nvml` is the pynvml module or a stand-in with the same functions (tests)."""
     if nvml is None:
@@ -90,11 +94,11 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
     handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
     models = [nvml_text(nvml.nvmlDeviceGetName(handle)) for handle in handles]
     environment = os.environ.get("CUDA_VISIBLE_DEVICES")
-    uuids = [_uuid(nvml, handle) for handle in handles] if environment else [""] * count
+    uuids = [_uuid(nvml, handle) for handle in handles]
     chosen, problem = cuda_visible_gpus(environment, uuids)
     if chosen is None:
         return [], problem
-    sources = [_nvml_source(nvml, i, handles[i], models[i]) for i in chosen]
+    sources = [_nvml_source(nvml, i, handles[i], models[i], uuids[i]) for i in chosen]
     left_out = [f"gpu{i} ({models[i]})" for i in range(count) if i not in chosen]
     notes = [problem] if problem else []
     if left_out:

@@ -115,17 +115,32 @@ def _layers(setup: Setup, engine: Engine) -> dict:
     )
 
 
-def gather_energy(run: BenchmarkRun) -> tuple[list[dict], list[str]]:
-    """Every worker's energy over this segment, gathered on all workers (a collective)."""
+def gather_energy(run: BenchmarkRun, outcome: Outcome) -> tuple[list[dict], list[str]]:
+    """The other workers' energy over this segment, gathered on all workers (a collective), and
+    notes naming the workers whose energy the record lacks: all of them where the run ended
+    without the collective (a lost peer, SIGTERM, a failure) or the collective failed."""
+    if run.workers == 1:
+        return [], []
+    if outcome.peer_lost or outcome.status == "failed":
+        if outcome.exit_code == Terminated.exit_code:
+            why = "the run was stopped by SIGTERM: no collective after it"
+        elif outcome.peer_lost:
+            why = "a peer worker was lost: no collective after it"
+        else:
+            why = "the run failed: a peer may never join a collective"
+        return [], [power.not_gathered(run.workers, "energy", why)]
     own = run.progress.energy[-1] if run.progress.energy else []
     try:
         rows = cluster.gather_rows(run.engine.strategy, power.worker_vector(own))
     except tf.errors.OpError as error:
-        run.warnings.append(
-            f"the other workers' energy could not be gathered ({error.__class__.__name__})"
-        )
-        return [], []
-    return power.other_workers(rows.tolist())
+        why = f"the collective gathering them failed: {error.__class__.__name__}"
+        run.warnings.append(f"the other workers' energy could not be gathered ({why})")
+        return [], [power.not_gathered(run.workers, "energy", why)]
+    others, notes = power.other_workers(rows.tolist())
+    if len(run.progress.segments) > 1:
+        why = "only their last segment's readings are counted"
+        notes.append(power.not_gathered(run.workers, "energy before the last resume", why))
+    return others, notes
 
 
 @dataclass
@@ -404,6 +419,8 @@ def timed_run(run: BenchmarkRun, power_hz: float, sigterm: _SigtermStop | None =
         note = "the record was rebuilt after the run: no readings beyond its checkpoint"
         return Outcome(notes=[note])
     sampler, notes = start_power_sampling(power_hz, run.engine.view)
+    if sampler:
+        sampler.worker = run.rank  # its measurements and power-sample rows name this worker
     outcome = Outcome(sampler=sampler, notes=notes)
     try:
         run.engine.train_epochs(run.progress, run.save_dir, power=sampler)
@@ -417,10 +434,6 @@ def timed_run(run: BenchmarkRun, power_hz: float, sigterm: _SigtermStop | None =
         run.warnings.append(warning)
         if isinstance(error, Terminated):
             outcome.exit_code = Terminated.exit_code
-            if run.workers > 1:  # every worker is being stopped: no collective after it
-                outcome.notes.append(
-                    "the other workers' energy was not gathered: the run was stopped by SIGTERM"
-                )
     finally:
         if sigterm:
             sigterm.defer = True  # the record is written whatever comes now
@@ -482,9 +495,7 @@ def finish(
     run: BenchmarkRun, outcome: Outcome, power_hz: float, meter_log: str | None
 ) -> tuple[dict | None, Path | None]:
     """Gather every node's energy, close the MLPerf log and write the record (the chief)."""
-    others, others_notes = [], []
-    if run.workers > 1 and not outcome.peer_lost and outcome.status != "failed":
-        others, others_notes = gather_energy(run)  # a collective: needs every peer
+    others, others_notes = gather_energy(run, outcome)  # a collective where every peer is there
     if not run.chief:
         shutil.rmtree(run.save_dir, ignore_errors=True)
         if outcome.status != "completed":
