@@ -7,6 +7,7 @@ comparison when both solve the same problem (L9 equal) and exactly one of L1-L8 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from dataclasses import field as dataclass_field
 
@@ -36,7 +37,8 @@ class Metric:
     def ratio(self) -> float | None:
         if self.a is None or self.b is None or self.a == 0:
             return None
-        return self.b / self.a
+        ratio = self.b / self.a
+        return ratio if math.isfinite(ratio) else None  # never printed as inf or Infinity
 
 
 @dataclass(frozen=True)

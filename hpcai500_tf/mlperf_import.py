@@ -22,6 +22,7 @@ Timestamps are the log's own (`time_ms`); examples are epochs x `train_samples`.
 
 from __future__ import annotations
 
+import datetime
 import json
 import tomllib
 from pathlib import Path
@@ -65,7 +66,11 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
         if PREFIX not in line:
             continue
         try:
-            event = json.loads(line.split(PREFIX, 1)[1], parse_constant=record_io.reject_constant)
+            event = json.loads(
+                line.split(PREFIX, 1)[1],
+                parse_constant=record_io.reject_constant,
+                parse_int=record_io.checked_integer,
+            )
         except (ValueError, RecursionError):
             bad.append(number)
             continue
@@ -107,15 +112,35 @@ def read_sidecar(path: str | None) -> dict:
         data = record_io.parse_json(text, path, "sidecar")
     if not isinstance(data, dict):
         raise UserError(f"{path}: a sidecar must be an object of keys")
+    _json_values(data, path)
     _CHECK_SIDECAR(data, "", path)
     for key, words, within in (
-        ("target_quality", "in (0, 1]", lambda value: 0 < value <= 1),
+        # a target below 0.001 makes (quality / target)^n overflow: refused here, not at scoring
+        ("target_quality", "in [0.001, 1]", lambda value: 1e-3 <= value <= 1),
         ("epochs", "in 1..10000", lambda value: 0 < value <= 10_000),
         ("flops_per_example", "in (0, 1e18)", lambda value: 0 < value < 1e18),
     ):
         if key in data and not within(data[key]):
             raise invalid(path, key, words, data[key])
     return data
+
+
+def _json_values(data, path: Path, key: str = "") -> None:
+    """Refuse what a record (JSON) cannot carry: TOML dates and times, integers beyond float
+    range; named by key."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            _json_values(value, path, f"{key}.{name}" if key else str(name))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            _json_values(value, path, f"{key}[{index}]")
+    elif isinstance(data, datetime.date | datetime.time):  # datetime is a date
+        raise UserError(
+            f"{path}: '{key}' is a TOML date or time ({data}); a sidecar takes strings and "
+            "numbers: quote it"
+        )
+    elif isinstance(data, int) and abs(data) >= record_io.FLOAT_RANGE:
+        raise UserError(f"{path}: '{key}' is an integer beyond the range of a float")
 
 
 def _first(events: list[dict], key: str) -> dict | None:
@@ -282,6 +307,9 @@ def _layers(
         "target_quality": float(sidecar.get("target_quality", benchmark.target_quality)),
         "epochs": sidecar.get("epochs", benchmark.epochs),
     }
+    first_values: dict = {}  # each key's first value, in one pass (linear)
+    for event in events:
+        first_values.setdefault(event["key"], event.get("value"))
     layers = {
         "L1": {"summary": _value(events, "submission_platform")},
         "L2": {},
@@ -294,8 +322,8 @@ def _layers(
         "L6": {"parallelism": "data_parallel", "synchronous": True, "global_batch": global_batch},
         "L7": {},
         "L8": {
-            key: _value(events, key)
-            for key in sorted({e["key"] for e in events})
+            key: first_values[key]
+            for key in sorted(first_values)
             if key.startswith(("opt_", "sgd_opt", "lars_opt", "lars_"))
             or key in ("seed", "label_smoothing")
         },

@@ -99,6 +99,18 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
+FLOAT_RANGE = 2**1024  # the first integer a float cannot hold (float() overflows)
+
+
+def checked_integer(text: str) -> int:
+    """json.loads(parse_int=...): an integer beyond float range is refused where it is read,
+    not where arithmetic on it overflows later."""
+    value = int(text)
+    if abs(value) >= FLOAT_RANGE:
+        raise ValueError(f"an integer of {len(text)} digits is beyond the range of a float")
+    return value
+
+
 def reject_constant(name: str):
     """json.loads(parse_constant=...): NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not JSON")
@@ -330,7 +342,7 @@ def parse_json(text: str, path: Path | str, what: str) -> Any:
     """JSON with one clear line for what Python's parser cannot take (deep nesting, integers
     of thousands of digits, NaN or Infinity, which JSON does not have)."""
     try:
-        return json.loads(text, parse_constant=reject_constant)
+        return json.loads(text, parse_constant=reject_constant, parse_int=checked_integer)
     except json.JSONDecodeError as error:
         raise UserError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     except RecursionError:
@@ -517,4 +529,7 @@ def training_throughput(record: dict) -> float | None:
         seconds = sum(epoch["seconds"] for epoch in epochs)
     else:
         seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
-    return epochs[-1]["examples"] / seconds if seconds > 0 else None
+    if not seconds > 0:
+        return None
+    rate = epochs[-1]["examples"] / seconds
+    return rate if math.isfinite(rate) else None  # e.g. 5e-324 s: no throughput to show
