@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hpcai500_tf import __version__
 from hpcai500_tf.errors import ArgumentParser, UserError
+from hpcai500_tf.report.text import printable
 from hpcai500_tf.tensorflow_import import import_tensorflow, keep_tensorflow_quiet
 
 MAX_POWER_SECONDS = 86_400
@@ -101,10 +102,20 @@ def _rank(args: argparse.Namespace) -> int:
 
 
 def _directory(flag: str, path: str) -> Path:
-    """An output directory's path, refused where a file (not a directory) holds it."""
-    if Path(path).exists() and not Path(path).is_dir():
-        raise UserError(f"{flag} {path}: exists and is not a directory")
-    return Path(path)
+    """An output directory's path, checked before any work: refused where a file holds it or
+    holds a folder above it, where it is a dangling symlink, or where the name is too long."""
+    out = Path(path)
+    try:
+        if out.is_symlink() and not out.exists():
+            raise UserError(f"{flag} {path}: a symlink to nothing (or a loop of symlinks)")
+        if out.exists() and not out.is_dir():
+            raise UserError(f"{flag} {path}: exists and is not a directory")
+        existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+        if not existing.is_dir():
+            raise UserError(f"{flag} {path}: {existing} is a file, not a directory")
+    except OSError as error:  # e.g. a name too long
+        raise UserError(f"{flag} {path}: {error.strerror}") from None
+    return out
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -227,7 +238,7 @@ def _power(args: argparse.Namespace) -> int:
     found, notes = sources.discover()
     measurements = sampler.live_reading(found, args.seconds, args.hz) if found else []
     meter, meter_warnings = (
-        sampler.meter_log_summary(args.meter_log) if args.meter_log else (None, [])
+        sampler.meter_log_summary(args.meter_log) if args.meter_log is not None else (None, [])
     )
     if args.json:
         report = {"sources": measurements, "missing": notes, "meter_log": meter}
@@ -539,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left (e.g. `| head`): end quietly, as Python's docs say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as error:  # a path a user gave that no check above caught: still one line
+        if error.filename is None:
+            raise
+        where = printable(error.filename)
+        print(f"hpcai500-tf: error: {where}: {error.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 
 from hpcai500_tf import validation
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import read_regular_file
 
 
 def _shipped_configs() -> Path:
@@ -90,14 +91,22 @@ class Repeatability:
     max_runs_missing_target: int = 1
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file through the one regular-file reader (kind, size, UTF-8 checked first), parsed
+    with one line for what tomllib cannot take (runaway nesting, integers of thousands of
+    digits)."""
+    text = read_regular_file(path, "config file", MAX_CONFIG_BYTES)
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise UserError(f"{path}: config file not found") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"{path}: not valid TOML ({error})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a config: nested too deeply") from None
+    except ValueError as error:  # e.g. an integer past Python's 4300-digit limit
+        raise UserError(f"{path}: not a config ({error})") from None
 
 
 _KIND_WORDS = {str: "a string", int: "an integer", (int, float): "a number", dict: "a table"}
@@ -122,7 +131,7 @@ def benchmark_names() -> list[str]:
 def load_benchmark(name: str, config_dir: Path = CONFIG_DIR) -> Benchmark:
     """Load `configs/NAME.toml`; unknown names and malformed files raise UserError."""
     path = config_dir / f"{name}.toml"
-    if name == "levels" or not path.is_file():
+    if name == "levels" or name not in {p.stem for p in config_dir.glob("*.toml")}:
         known = ", ".join(benchmark_names())
         raise UserError(f"unknown benchmark '{name}' (known: {known})")
     data = _read_toml(path)
@@ -247,6 +256,10 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare word is a string
+    except RecursionError:
+        raise UserError(f"--set {dotted.strip()}: the value is nested too deeply") from None
+    except ValueError as error:  # e.g. an integer past Python's 4300-digit limit
+        raise UserError(f"--set {dotted.strip()}: not a value this tool takes ({error})") from None
     return keys, value
 
 
@@ -335,8 +348,9 @@ class TrainingConfig:
         )
         if problem:
             return problem
-        if not 0 < self.target_quality <= 1:
-            return f"target_quality must be in (0, 1], got {self.target_quality}"
+        # below 0.001, (quality / target)^n overflows: the run could never be scored
+        if not 1e-3 <= self.target_quality <= 1:
+            return f"target_quality must be in [0.001, 1], got {self.target_quality}"
         if self.precision not in ("fp32", "mixed", "fp16", "bf16"):
             return f"precision must be fp32, mixed, fp16 or bf16, got '{self.precision}'"
         if self.strategy not in ("default", "mirrored", "multi_worker"):
@@ -476,8 +490,6 @@ def load_config_file(path: str | Path, overrides: list[str] = ()) -> Setup:
 
     `--set` overrides apply after the file. The preset is named `INHERITS+STEM` in the record."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: config file not found")
     data = _read_toml(path)
     name = _require(data, "benchmark", str, path, "")
     parent = _require(data, "inherits", str, path, "")

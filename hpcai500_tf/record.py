@@ -7,10 +7,10 @@ are comparable. Scores themselves are never stored: `scoring` derives them on ev
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import math
 import os
-import stat
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcai500_tf.config import LAYER_IDS
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import MAX_FILE_BYTES, read_regular_file  # noqa: F401 (re-exported)
 from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 SCHEMA_VERSION = 2  # 2: SPEC section 3's end-of-run reading, first crossing kept; FLOP basis
@@ -310,34 +311,6 @@ def validate(record: Any, path: Path | str = "<record>") -> dict:
     return record
 
 
-MAX_FILE_BYTES = 1 << 30  # records, logs and sidecars larger than this are refused
-
-
-def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The text of a regular file of at most `max_bytes`; one line naming the file otherwise
-    (a FIFO, a device, a directory, a symlink loop, a name too long, a file too large)."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such {what}") from None
-    except OSError as error:
-        raise UserError(f"{path}: cannot open {what} ({error.strerror or error})") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"{path}: not a regular file; a {what} must be one")
-        if info.st_size > max_bytes:
-            raise UserError(f"{path}: {info.st_size} bytes, larger than a {what} can be")
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise UserError(f"{path}: larger than a {what} can be")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; a {what} is") from None
-
-
 def parse_json(text: str, path: Path | str, what: str) -> Any:
     """JSON with one clear line for what Python's parser cannot take (deep nesting, integers
     of thousands of digits, NaN or Infinity, which JSON does not have)."""
@@ -417,6 +390,9 @@ def save(path: Path | str, record: dict, *, overwrite: bool = False) -> Path:
 def new_run_dir(out_dir: str | Path, benchmark: str, preset: str) -> Path:
     """A new, empty directory for one run: BENCHMARK-PRESET-TIMESTAMP under `out_dir`."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    if len(preset.encode()) > 160:  # a config file's long name: the directory's stays < 255
+        digest = hashlib.sha256(preset.encode()).hexdigest()[:8]
+        preset = preset.encode()[:150].decode(errors="ignore") + "-" + digest
     run_dir = Path(out_dir) / f"{benchmark}-{preset}-{stamp}"
     if run_dir.exists():
         raise UserError(f"{run_dir}: already exists; refusing to overwrite it")

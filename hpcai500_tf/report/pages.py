@@ -112,7 +112,10 @@ def _distinct(arguments: list[str]) -> list[str]:
     """The arguments without repeats of one path (a run given twice is one run)."""
     seen, distinct = set(), []
     for argument in arguments:
-        key = Path(argument).resolve()
+        try:
+            key = Path(argument).resolve()
+        except (RuntimeError, OSError):  # a symlink loop, a name too long: load_run says so
+            key = argument
         if key not in seen:
             seen.add(key)
             distinct.append(argument)

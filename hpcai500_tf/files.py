@@ -1,0 +1,44 @@
+"""Reading the files a user names (records, logs, sidecars, meter logs, configs): a leaf module,
+imported by every reader, importing nothing of the project's but its error type."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from hpcai500_tf.errors import UserError
+
+MAX_FILE_BYTES = 1 << 30  # records, logs and sidecars larger than this are refused
+
+
+def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a regular file of at most `max_bytes`; one line naming the file otherwise
+    (a FIFO, a device, a directory, a symlink loop, a name too long, a file too large)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such {what}") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot open {what} ({error.strerror or error})") from None
+    try:
+        info = os.fstat(fd)  # the kind of file first: fdopen refuses a directory by raising
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{path}: not a regular file; a {what} must be one")
+        if info.st_size > max_bytes:
+            raise UserError(f"{path}: {info.st_size} bytes, larger than a {what} can be")
+        with os.fdopen(fd, "rb") as handle:
+            fd = None  # the handle closes it
+            data = handle.read(max_bytes + 1)
+    except OSError as error:  # e.g. EIO from a special file that passes as regular
+        raise UserError(f"{path}: cannot read {what} ({error.strerror or error})") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if len(data) > max_bytes:
+        raise UserError(f"{path}: larger than a {what} can be")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; a {what} is") from None
