@@ -7,9 +7,12 @@ filled in by the engine. Values that cannot be observed are recorded as None, ne
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -160,6 +163,53 @@ def nvidia_gpus() -> tuple[list[dict], str | None, str | None]:
         pynvml.nvmlShutdown()
 
 
+@functools.lru_cache(maxsize=1)
+def amd_gpus() -> tuple[list[dict], str | None]:
+    """Every AMD GPU ROCm's tools list (`amd-smi`, else `rocm-smi`): (devices with index and
+    model as ROCm names it; which tool, or why none were listed). Visibility follows
+    HIP_VISIBLE_DEVICES, else ROCR_VISIBLE_DEVICES (indices)."""
+    for command, parse in (
+        (["amd-smi", "static", "--asic", "--json"], _amd_smi_models),
+        (["rocm-smi", "--showproductname", "--json"], _rocm_smi_models),
+    ):
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            listing = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            models = parse(json.loads(listing.stdout)) if listing.returncode == 0 else []
+        except (OSError, subprocess.SubprocessError, ValueError, TypeError, AttributeError):
+            models = []
+        if models:
+            return [{"index": i, "model": m} for i, m in enumerate(models)], command[0]
+    return [], "no amd-smi or rocm-smi listing (not a ROCm machine)"
+
+
+def _amd_smi_models(data) -> list[str]:
+    """Market names from `amd-smi static --asic --json` (a list of GPUs, or {"gpu_data": ...})."""
+    gpus = data.get("gpu_data", []) if isinstance(data, dict) else data
+    return [str(gpu["asic"]["market_name"]) for gpu in gpus if gpu.get("asic")]
+
+
+def _rocm_smi_models(data: dict) -> list[str]:
+    """Card series from `rocm-smi --showproductname --json` ({"card0": {...}, ...})."""
+    models = []
+    for card in sorted((k for k in data if k.startswith("card")), key=lambda k: int(k[4:])):
+        fields = {key.lower(): value for key, value in data[card].items()}
+        models.append(str(fields.get("card series") or fields.get("card model")))
+    return models
+
+
+def amd_visible(count: int, environ=None) -> list[int]:
+    """The AMD GPUs a HIP program here may use: HIP_VISIBLE_DEVICES, else
+    ROCR_VISIBLE_DEVICES (indices), else all."""
+    environ = os.environ if environ is None else environ
+    listed = environ.get("HIP_VISIBLE_DEVICES") or environ.get("ROCR_VISIBLE_DEVICES")
+    if listed is None:
+        return list(range(count))
+    entries = cuda_visible_entries(listed)
+    return [int(e) for e in entries if e.isdigit() and int(e) < count]
+
+
 def _gpu_named(entry: str, uuids: list[str]) -> int | None:
     """The NVML index an entry of CUDA_VISIBLE_DEVICES names: an index, or a GPU UUID or a
     prefix of one that no other GPU shares, as CUDA accepts them."""
@@ -237,10 +287,19 @@ def hardware_layer(workers: int = 1) -> dict:
         for g in gpus
     ]
     used = gpus if visible is None else [g for g in gpus if g["index"] in visible]
+    if not gpus:  # no NVIDIA GPU: AMD's, named as ROCm names them
+        amd, amd_source = amd_gpus()
+        on_amd = amd_visible(len(amd))
+        accelerators = [
+            {**g, "vendor": "AMD", "source": amd_source, "visible": g["index"] in on_amd}
+            for g in amd
+        ]
+        used = [g for g in accelerators if g["visible"]]
+        gpu_note = gpu_note if not amd else None
     if gpus and not used and not visibility_note:
         visibility_note = f"CUDA_VISIBLE_DEVICES={environment!r} leaves no GPU to this run"
     if used:
-        summary = _gpu_summary(used, len(gpus), visible is None)
+        summary = _gpu_summary(used, len(accelerators), visible is None and bool(gpus))
     else:
         summary = f"{cpu['cpu_model'] or platform.processor() or 'unknown CPU'} ({cores} cores)"
     if workers > 1:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import cuda_visible_gpus, nvml_text
+from hpcai500_tf.benchmark_layers import amd_gpus, cuda_visible_gpus, nvml_text
 
 # Where Linux exposes RAPL; HPCAI500_POWERCAP_ROOT points elsewhere (a container that mounts
 # the host's sysfs under another path).
@@ -173,5 +173,7 @@ def discover(nvml=None, powercap_root: Path | None = None) -> tuple[list[Source]
     gpus, gpu_note = nvml_sources(nvml)
     cpus, cpu_note = rapl_sources(powercap_root or POWERCAP_ROOT)
     notes = [f"GPU boards: {gpu_note}"] if gpu_note else []
+    if not gpus and amd_gpus()[0]:  # AMD GPUs here: their power is not read yet
+        notes = ["GPU boards: AMD GPUs' energy is not measured (ROCm SMI is not read yet)"]
     notes += [f"CPU packages: {cpu_note}"] if cpu_note else []
     return gpus + cpus, notes

@@ -86,6 +86,12 @@ def strategy_overrides(launching_workers: bool) -> list[str]:
     """The config override a run takes from its environment: multi_worker when this process
     launches workers (--workers N) or is one task of a cluster (srun, TF_CONFIG)."""
     if launching_workers or cluster_in_environment():
+        if not node_gpu_count() and benchmark_layers.amd_gpus()[0]:
+            raise UserError(
+                "multi-worker runs on AMD GPUs are not built yet (GPUs are handed out by "
+                "CUDA_VISIBLE_DEVICES and NVML here): run one worker per node, without "
+                "--workers, srun or TF_CONFIG"
+            )
         return ["training.strategy=multi_worker"]
     return []
 
