@@ -100,6 +100,10 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
+# Where a run ran, not what it ran on: two runs of one system on other nodes of a cluster are
+# the same submission, and comparing them changes no layer.
+PLACEMENT_FIELDS = {("L3", "nodes")}
+
 FLOAT_RANGE = 2**1024  # the first integer a float cannot hold (float() overflows)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hpcai500_tf.config import LAYER_IDS, Benchmark, Level, Repeatability
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.record import LAYER_KEYS
+from hpcai500_tf.record import LAYER_KEYS, PLACEMENT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,8 @@ def submission_key(record: dict) -> str:
     submission with several seeds)."""
     layers = {name: dict(values) for name, values in record["layers"].items()}
     layers["L8"].pop("seed", None)
+    for layer, name in PLACEMENT_FIELDS:  # the nodes a run was given
+        layers[layer].pop(name, None)
     return json.dumps(layers, sort_keys=True)
 
 

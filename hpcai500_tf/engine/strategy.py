@@ -85,10 +85,11 @@ def watch_peers(cluster_spec: tf.train.ClusterSpec, timeout_s: float) -> None:
 
 def describe(strategy: tf.distribute.Strategy, name: str) -> tuple[dict, int, int]:
     """(L3 communication facts, number of workers, this worker's index)."""
-    workers, index, collective, source, requested = 1, 0, None, None, None
+    workers, index, collective, source, requested, addresses = 1, 0, None, None, None, None
     resolver = getattr(strategy, "cluster_resolver", None)
     if name == "multi_worker" and resolver is not None:
         spec = resolver.cluster_spec().as_dict()
+        addresses = [*spec.get("chief", []), *spec.get("worker", [])]  # rank order
         workers = max(1, len(spec.get("worker", [])) + len(spec.get("chief", [])))
         index = (resolver.task_id or 0) + (
             len(spec.get("chief", [])) if resolver.task_type == "worker" else 0
@@ -107,4 +108,6 @@ def describe(strategy: tf.distribute.Strategy, name: str) -> tuple[dict, int, in
         facts["collective_requested"] = requested  # communication.collective, e.g. auto
     if source:
         facts["cluster_from"] = source
+    if addresses:  # the hosts the workers ran on, each once, in rank order (no ports)
+        facts["nodes"] = list(dict.fromkeys(a.rpartition(":")[0] for a in addresses))
     return facts, workers, index
