@@ -2,11 +2,13 @@
 
 Writes (into a temporary directory, removed after) 1,024 train and 128 validation shards of
 small tf.train.Example records, 1,281,167 and 50,000 of them as in ImageNet-1k, then builds
-the image-classification workload of the reference preset on them twice:
+the image-classification workload of the reference preset on them three times:
   - first: no count cache, every record header read and CRC-checked, labels sampled;
-  - cached: the count cache beside the data is used.
-Targets on this machine: first < 60 s, cached < 2 s. The shards were just written, so they are
-in the page cache: a cold disk adds reading one page per record header.
+  - cached: the count cache beside the data is used;
+  - evicted: as first, with the count cache removed and the shards' pages dropped from the
+    page cache (posix_fadvise DONTNEED): closer to a cold disk.
+Targets on this machine: first and evicted < 60 s, cached < 2 s. The shards were just written,
+so for "first" they are in the page cache.
 
     python benchmarks/dataset_verification.py
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"train": (1_281_167, 1024), "validation": (50_000, 128)}  # records, shards
-TARGETS = {"first": 60.0, "cached": 2.0}
+TARGETS = {"first": 60.0, "cached": 2.0, "evicted": 60.0}
 
 
 def cpu_model() -> str:
@@ -66,7 +68,19 @@ def write_shards(directory: Path) -> int:
             (directory / f"{split}-{shard:05d}-of-{shards:05d}").write_bytes(data)
             written += len(data)
             start = stop
+    os.sync()  # written back, so that `evict` can drop the pages
     return written
+
+
+def evict(directory: Path) -> None:
+    """Remove the count cache and drop the shards' pages from the page cache."""
+    (directory / ".hpcai500-counts.json").unlink()
+    for path in directory.glob("*-of-*"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def main() -> int:
@@ -87,7 +101,9 @@ def main() -> int:
 
         preset = config.prepare("image_classification", "reference").config
         seconds = {}
-        for run in ("first", "cached"):
+        for run in TARGETS:
+            if run == "evicted":
+                evict(data)
             began = time.perf_counter()
             workload = ImageClassification(preset, str(data))
             seconds[run] = time.perf_counter() - began
@@ -99,7 +115,7 @@ def main() -> int:
         for run, value in seconds.items():
             verdict = "ok" if value < TARGETS[run] else "MISSED"
             target = TARGETS[run]
-            print(f"{run:>6} verification: {value:6.2f} s  (target < {target:g} s: {verdict})")
+            print(f"{run:>7} verification: {value:6.2f} s  (target < {target:g} s: {verdict})")
     return 0
 
 

@@ -333,9 +333,13 @@ class TrainingConfig:
     xla: bool
     strategy: str  # default | mirrored | multi_worker
     eval_every: int
-    checkpoint_every: int
+    checkpoint_every: int  # epochs between checkpoints (0: none by epoch count)
     seed: int
     deterministic: bool
+    # Minutes of wall time after which an epoch's end writes a checkpoint (0: none by time);
+    # one is written after the last epoch whatever both say. A default: configs saved before
+    # this key (run directories, records) still load.
+    checkpoint_minutes: float = 10.0
 
     def check(self) -> str | None:
         problem = out_of_range(
@@ -344,6 +348,7 @@ class TrainingConfig:
             batch_per_replica=(1, 1_048_576),
             eval_every=(1, 10_000),
             checkpoint_every=(0, 10_000),
+            checkpoint_minutes=(0, 10_080),
             seed=(0, INT32_MAX),
         )
         if problem:

@@ -20,6 +20,7 @@ fails. Ranges and rules across fields stay with their owners, who report through
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -199,7 +200,12 @@ def _dataclass_checker(cls) -> Checker:
 
 def dataclass_values(cls, table: Any, where: str, source: Source) -> dict:
     """The keyword arguments of dataclass `cls` from a table with exactly its fields, of its
-    types; float fields (and lists of them) as floats, though the table may write 3 for 3.0."""
+    types; float fields (and lists of them) as floats, though the table may write 3 for 3.0.
+    A field with a default may be left out: a key added later, so that configs saved before
+    it (run directories, records) still load."""
+    if isinstance(table, dict):
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        table = {k: v for k, v in defaults.items() if v is not dataclasses.MISSING} | table
     _dataclass_checker(cls)(table, where, source)
     values = {}
     for field in cls.__dataclass_fields__.values():

@@ -1,3 +1,4 @@
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,106 @@ def test_procedural_orientation_carries_the_class():
         distance = min(abs(angle - expected), np.pi - abs(angle - expected))
         hits += distance < np.radians(30)
     assert hits >= 0.8 * len(examples)
+
+
+# ------------------------------------------------------------------------ data.cache
+
+
+def _pixels_and_labels(dataset) -> tuple[np.ndarray, list[int]]:
+    examples = list(dataset)
+    return np.stack([image.numpy() for image, _ in examples]), [int(y) for _, y in examples]
+
+
+def _stages(dataset) -> list[str]:
+    """The dataset's ops, from its source to its output (a linear pipeline's graph order)."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    return [node.op for node in graph.node if "Dataset" in node.op]
+
+
+def test_the_cache_holds_serialized_records_before_shuffling_and_decoding(imagenet_dir):
+    dataset = imagenet.imagenet_dataset(imagenet_dir, True, 16, 1, 0, cache=True)
+    assert _stages(dataset)[-4:] == [
+        "ParallelInterleaveDatasetV4",  # this worker's records, read once
+        "CacheDatasetV2",
+        "ShuffleDatasetV3",
+        "ParallelMapDatasetV2",  # decoding and the random crop: every epoch
+    ]
+    assert "CacheDatasetV2" not in _stages(imagenet.imagenet_dataset(imagenet_dir, True, 16, 1, 0))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_cached_pass_reads_no_file(tmp_path, imagenet_dir, training):
+    data = shutil.copytree(imagenet_dir, tmp_path / "data")
+    dataset = imagenet.imagenet_dataset(data, training, 16, 1, 0, cache=True)
+    pixels, labels = _pixels_and_labels(dataset)
+    for shard in data.iterdir():
+        shard.rename(shard.with_name(f"gone-{shard.name}"))
+    again, labels_again = _pixels_and_labels(dataset)
+    if training:  # reshuffled and cropped anew: the same records, in another order
+        assert sorted(labels_again) == sorted(labels) and again.shape == pixels.shape
+    else:
+        assert labels_again == labels
+        np.testing.assert_array_equal(again, pixels)
+
+
+def test_a_cache_dir_keeps_records_for_a_new_pipeline_of_the_same_worker(tmp_path, imagenet_dir):
+    data = shutil.copytree(imagenet_dir, tmp_path / "data")
+    cache = tmp_path / "node-local"
+    cache.mkdir()
+    files = imagenet.shard_files(data, "validation")
+    prefix = imagenet.cache_prefix(str(cache), data, "validation", files, (2, 1))
+    imagenet._CLAIMED.pop(prefix).close()  # as a new process would find it:
+    Path(f"{prefix}_0.lockfile").touch()  # with the lock file of a killed run, which is removed
+
+    def build():
+        return imagenet.imagenet_dataset(
+            data, False, 16, 1, 0, (2, 1), cache=True, cache_dir=str(cache)
+        )
+
+    pixels, labels = _pixels_and_labels(build())
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith("-lock")) == [
+        f"{Path(prefix).name}.data-00000-of-00001",
+        f"{Path(prefix).name}.index",
+    ]
+    for shard in files:  # the same names and sizes, unreadable records
+        Path(shard).write_bytes(bytes(Path(shard).stat().st_size))
+    again, labels_again = _pixels_and_labels(build())
+    assert labels_again == labels
+    np.testing.assert_array_equal(again, pixels)
+    other = imagenet.cache_prefix(str(cache), data, "validation", files, (2, 0))
+    assert other != prefix  # another worker's records are never read for this one's
+
+
+def test_a_cache_dir_that_is_not_a_directory_is_refused_in_one_line(tmp_path, imagenet_dir):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for path in (taken, tmp_path / "missing"):
+        with pytest.raises(UserError) as raised:
+            imagenet.imagenet_dataset(imagenet_dir, True, 16, 1, 0, cache=True, cache_dir=str(path))
+        assert str(raised.value) == f"data.cache_dir '{path}' is not a directory"
+
+
+def test_cache_settings_default_off_and_are_checked():
+    from hpcai500_tf.workloads.settings import data_and_model
+
+    preset = config.prepare("image_classification", "tiny", IMAGENET_FIXTURE_SETTINGS).config
+    data, _ = data_and_model("image_classification", preset)
+    assert (data.cache, data.cache_dir) == (False, "")  # not in the preset: the defaults
+    for extra, message in [
+        ({"cache_dir": "/scratch"}, "cache_dir is where the cache goes: it needs cache = true"),
+        ({"cache": True, "source": "procedural"}, "it needs source = 'imagenet'"),
+        ({"cache": "yes"}, "'data.cache' must be"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            data_and_model("image_classification", {**preset, "data": {**preset["data"], **extra}})
+    cached = {**preset, "data": {**preset["data"], "cache": True}}
+    assert data_and_model("image_classification", cached)[0].cache
+
+
+def test_a_caching_workload_gives_each_evaluation_the_same_dataset(imagenet_dir):
+    setup = config.prepare("image_classification", "tiny", IMAGENET_FIXTURE_SETTINGS)
+    preset = {**setup.config, "data": {**setup.config["data"], "cache": True}}
+    workload = build_workload(setup.benchmark.name, preset, str(imagenet_dir))
+    assert workload.dataset(False, 0, (1, 0)) is workload.dataset(False, 0, (1, 0))
+    plain = build_workload(setup.benchmark.name, setup.config, str(imagenet_dir))
+    assert plain.dataset(False, 0, (1, 0)) is not plain.dataset(False, 0, (1, 0))

@@ -2,6 +2,12 @@
 ExtremeWeather facts and what makes a run on other data not rankable."""
 
 import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -144,7 +150,119 @@ def test_an_unwritable_data_dir_keeps_counts_in_the_user_cache(shards, tmp_path,
         assert imagenet.split_facts(shards, "train").records == 12  # from the user cache
     monkeypatch.setenv("HPCAI500_CACHE", str(kept))  # a file: no cache directory under it
     assert listing.store(shards, "validation", {"fingerprint": "x"}) is None
+    assert listing.lock_file(shards) is None  # nowhere to keep counts: no lock, all count
     assert imagenet.split_facts(shards, "validation").records == 4  # counted, kept nowhere
+
+
+# ------------------------------------------------------------------------ one worker verifies
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A worker: waits for GO, verifies the train split, logs its pid once per shard it counts.
+WORKER = """
+import os, sys, time
+from pathlib import Path
+from hpcai500_tf.data import imagenet, tfrecords
+data, log, go = sys.argv[1:]
+count = tfrecords.count_records
+def counted(path):
+    with open(log, "a") as handle:
+        handle.write(f"{os.getpid()}\\n")
+    time.sleep(1.0)  # a slow filesystem: the other worker arrives while this one counts
+    return count(path)
+tfrecords.count_records = counted
+Path(f"{go}.{os.getpid()}").touch()
+while not Path(go).exists():
+    time.sleep(0.01)
+print(imagenet.split_facts(data, "train").records)
+"""
+
+# Holds the count lock of DATA until killed.
+HOLDER = """
+import sys, time
+from hpcai500_tf.data import listing
+with listing.finding(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def _python(script: str, *args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_workers_verifying_at_once_count_once(shards, tmp_path):
+    log, go = tmp_path / "counted", tmp_path / "go"
+    workers = [_python(WORKER, shards, log, go) for _ in range(2)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.*"))) < 2 and time.monotonic() < deadline:
+        assert all(w.poll() is None for w in workers), [w.communicate() for w in workers]
+        time.sleep(0.05)
+    go.touch()  # both imported and ready: they verify together
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert [out.strip() for out, _ in outputs] == ["12", "12"], outputs
+    counters = log.read_text().split()
+    assert len(counters) == 3 and len(set(counters)) == 1  # one worker read the 3 shards
+    assert set(counters) < {str(w.pid) for w in workers}
+
+
+def test_a_lock_is_waited_for_only_so_long_and_dies_with_its_holder(shards, monkeypatch):
+    holder = _python(HOLDER, shards)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        monkeypatch.setattr(listing, "LOCK_WAIT_S", 0.3)
+        with pytest.raises(UserError) as raised:
+            imagenet.split_facts(shards, "train")
+        lock = shards / ".hpcai500-counts.lock"
+        assert str(raised.value) == (
+            f"{lock}: waited 0.3 s for another worker to verify the data "
+            f"(held by pid {holder.pid} on {socket.gethostname()}); it still holds this lock"
+        )
+    finally:
+        holder.kill()  # SIGKILL: nothing cleans up, the lock file stays
+        holder.communicate()
+    assert lock.exists()
+    assert imagenet.split_facts(shards, "train").records == 12  # the lock died with it
+
+
+def test_an_error_found_under_the_lock_reaches_the_workers_waiting(shards, monkeypatch):
+    path = shards / "train-00002-of-00003"
+    data = bytearray(path.read_bytes())
+    record = len(tfrecords.frame(_example(1)))
+    data[3 * record + 9] ^= 0x40  # a bit of the fourth record's length CRC
+    path.write_bytes(bytes(data))
+    counted, count = [], tfrecords.count_records
+
+    def slow(path):
+        counted.append(path)
+        time.sleep(0.3)
+        return count(path)
+
+    monkeypatch.setattr(tfrecords, "count_records", slow)
+    errors = []
+
+    def worker():
+        try:
+            imagenet.split_facts(shards, "train")
+        except UserError as error:
+            errors.append(str(error))
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]  # a lock file each
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = (
+        f"{path}: corrupt TFRecord file: the length header at offset {3 * record} fails its CRC"
+    )
+    assert errors == [expected] * 3
+    assert len(counted) == 3  # one worker read the shards; the others took its error
 
 
 # ------------------------------------------------------------------------ ImageNet L9

@@ -706,7 +706,7 @@ class OneSegment:
     def __init__(self, ending: BaseException | None = None):
         self.ending = ending
 
-    def train_epochs(self, progress, save_dir, power=None):
+    def train_epochs(self, progress, run_dir, power=None):
         start = time.time()
         time.sleep(0.2)
         progress.segments.append({"start": start, "stop": time.time()})
@@ -723,8 +723,8 @@ def _timed(tmp_path, monkeypatch, rank: int, workers: int, ending=None):
                      read_value=lambda: 50.0 * (time.time() - start))  # fmt: skip
     monkeypatch.setattr(run_record, "discover", lambda: ([package], []))
     progress = run_record.Progress("x")
-    bench = run.BenchmarkRun(None, OneSegment(ending), workers, rank, tmp_path, tmp_path,
-                             False, progress, None)  # fmt: skip
+    bench = run.BenchmarkRun(None, OneSegment(ending), workers, rank, tmp_path, False,
+                             progress, None)  # fmt: skip
     return bench, run.timed_run(bench, 20.0)
 
 

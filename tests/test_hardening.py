@@ -432,20 +432,6 @@ def _run_main(args):
     return (code, stdout.getvalue()), stderr.getvalue()
 
 
-def test_a_dead_workers_scratch_directory_goes_at_the_next_start():
-    from hpcai500_tf.engine.run import scratch_dir
-
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    first = scratch_dir(1)
-    left = first.parent / f"worker1-{dead.pid}"
-    left.mkdir(exist_ok=True)
-    mine = scratch_dir(2)
-    assert not left.exists() and mine.is_dir() and first.is_dir()  # a live one stays
-    first.rmdir()
-    mine.rmdir()
-
-
 # ------------------------------------------------------------------------ generated --set values
 
 

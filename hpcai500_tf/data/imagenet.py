@@ -13,16 +13,23 @@ records split by position: either way a partition of the split, whatever that or
 
 Before a run, each split's records are counted from the TFRecord headers (no image decoded) and
 the labels of the first records of each shard are read; both are kept in a count cache beside
-the data, keyed by a fingerprint of the shard listing.
+the data, keyed by a fingerprint of the shard listing, and found by one worker per job (the
+others wait on a lock beside the cache, then read it).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
+from typing import TextIO
 
 import tensorflow as tf
 from google.protobuf.message import DecodeError
@@ -131,23 +138,70 @@ def imagenet_dataset(
     seed: int,
     shard: tuple[int, int] = (1, 0),
     shuffle_buffer: int = 10_000,
+    cache: bool = False,
+    cache_dir: str = "",
 ) -> tf.data.Dataset:
     """Decoded, preprocessed (uint8 image, label) pairs of one worker's shard, a partition of
     the split over the workers (`worker_records`). The parallel interleave and map follow
-    `tf.data.Options().deterministic` (True unless the caller's options say otherwise)."""
-    files = shard_files(data_dir, "train" if training else "validation")
+    `tf.data.Options().deterministic` (True unless the caller's options say otherwise).
+    `cache` keeps the worker's serialized records after the first full pass, before the
+    shuffle buffer and decoding (crops and order still vary by epoch; the file order is the
+    first pass's): in memory, or in files under `cache_dir` (`cache_prefix`)."""
+    split = "train" if training else "validation"
+    files = shard_files(data_dir, split)
     dataset, files_here, read = worker_records(files, *shard)
     if training:
         dataset = dataset.shuffle(files_here, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.interleave(
         read, cycle_length=interleave_width(files_here), num_parallel_calls=tf.data.AUTOTUNE
     )
+    if cache:
+        prefix = cache_prefix(cache_dir, data_dir, split, files, shard) if cache_dir else ""
+        dataset = dataset.cache(prefix)
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return dataset.map(
         lambda s: parse_example(s, training, image_size, label_offset, seed),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
+
+
+_CLAIMED: dict[str, TextIO] = {}  # cache prefix -> its lock file, held while this process runs
+
+
+def cache_prefix(
+    cache_dir: str, data_dir: str | Path, split: str, files: list[str], shard: tuple[int, int]
+) -> str:
+    """Where worker `shard` keeps its records of `split` in `cache_dir`: named by a digest of
+    the data directory, its shard listing and the worker's place, so that a cache of other data
+    or of another worker is never read. While this process runs it holds a lock there; the
+    partial files a killed process left (tf.data's `_N.lockfile` would block) are removed."""
+    if not Path(cache_dir).is_dir():
+        raise UserError(f"data.cache_dir '{cache_dir}' is not a directory")
+    key = [str(Path(data_dir).resolve()), listing.fingerprint([Path(f) for f in files]), *shard]
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+    prefix = Path(cache_dir).resolve() / f"hpcai500-{split}-{digest}"
+    if str(prefix) in _CLAIMED:
+        return str(prefix)
+    try:
+        lock = Path(f"{prefix}.hpcai500-lock").open("a")
+    except OSError as error:
+        raise UserError(f"data.cache_dir '{cache_dir}' cannot be written: {error}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise UserError(
+            f"{prefix}: another process on this node is caching the same records "
+            f"(it holds {lock.name})"
+        ) from None
+    except OSError:
+        pass  # no flock here: other processes cannot be seen, so nothing is removed
+    else:
+        for partial in prefix.parent.glob(f"{prefix.name}_*"):
+            partial.unlink(missing_ok=True)
+    _CLAIMED[str(prefix)] = lock
+    return str(prefix)
 
 
 def worker_records(
@@ -179,6 +233,7 @@ def sharding_warning(data_dir: str | Path, split: str, workers: int) -> str | No
 
 
 LABEL_SAMPLE_PER_SHARD = 4
+READERS = 16  # shards read at once while verifying
 COUNT_METHOD = "TFRecord length headers, each length's CRC-32C checked; no record decoded"
 LABEL_SAMPLE_METHOD = (
     f"image/class/label of the first {LABEL_SAMPLE_PER_SHARD} records of each shard "
@@ -198,32 +253,47 @@ class SplitFacts:
 
 def split_facts(data_dir: str | Path, split: str) -> SplitFacts:
     """Count a split's records from the TFRecord headers and sample its labels, or take both
-    from the count cache while the shard listing is unchanged (see `listing`)."""
+    from the count cache while the shard listing is unchanged (see `listing`): one worker
+    reads the shards (READERS files at a time, to hide a network filesystem's latency) while
+    the others wait for its result."""
     files = [Path(p) for p in shard_files(data_dir, split)]
     fingerprint = listing.fingerprint(files)
-    kept = listing.load(data_dir, split, fingerprint)
-    if kept and kept.get("label_sample_per_shard") == LABEL_SAMPLE_PER_SHARD:
-        try:
-            labels = {int(label): int(n) for label, n in kept["sampled_labels"]}
-            return SplitFacts(int(kept["records"]), fingerprint, labels)
-        except (KeyError, TypeError, ValueError):
-            pass  # a damaged cache entry: found again below
-    facts = SplitFacts(
-        sum(tfrecords.count_records(path) for path in files),
-        fingerprint,
-        dict(sorted(Counter(label for path in files for label in _first_labels(path)).items())),
-    )
-    listing.store(
-        data_dir,
-        split,
-        {
-            "fingerprint": fingerprint,
-            "records": facts.records,
-            "label_sample_per_shard": LABEL_SAMPLE_PER_SHARD,
-            "sampled_labels": [[label, n] for label, n in facts.sampled_labels.items()],
-        },
-    )
+    if kept := _kept_facts(data_dir, split, fingerprint):
+        return kept
+    with listing.finding(data_dir):
+        if kept := _kept_facts(data_dir, split, fingerprint):
+            return kept  # found by the worker this one waited for
+        with ThreadPoolExecutor(min(READERS, len(files))) as pool:
+            counts, labels = zip(*pool.map(_shard_facts, files), strict=True)
+        facts = SplitFacts(sum(counts), fingerprint, dict(sorted(Counter(chain(*labels)).items())))
+        listing.store(
+            data_dir,
+            split,
+            {
+                "fingerprint": fingerprint,
+                "records": facts.records,
+                "label_sample_per_shard": LABEL_SAMPLE_PER_SHARD,
+                "sampled_labels": [[label, n] for label, n in facts.sampled_labels.items()],
+            },
+        )
     return facts
+
+
+def _kept_facts(data_dir: str | Path, split: str, fingerprint: str) -> SplitFacts | None:
+    """The split's facts from the count cache, or None (none kept, or a damaged entry)."""
+    kept = listing.load(data_dir, split, fingerprint)
+    if not kept or kept.get("label_sample_per_shard") != LABEL_SAMPLE_PER_SHARD:
+        return None
+    try:
+        labels = {int(label): int(n) for label, n in kept["sampled_labels"]}
+        return SplitFacts(int(kept["records"]), fingerprint, labels)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _shard_facts(path: Path) -> tuple[int, list[int]]:
+    """(records, sampled labels) of one shard."""
+    return tfrecords.count_records(path), _first_labels(path)
 
 
 def _first_labels(path: Path) -> list[int]:

@@ -5,18 +5,30 @@ counts, sampled labels) are kept in DATA_DIR/.hpcai500-counts.json under the spl
 that fingerprint, and used only while it matches. A read-only data directory keeps them in the
 user cache instead ($HPCAI500_CACHE/hpcai500-tf or ~/.cache/hpcai500-tf, keyed by the
 directory's absolute path); when neither can be written, they are found again next time.
+
+Finding them is done once per job: the first worker to arrive takes an exclusive lock (flock)
+on a lock file beside the cache and finds them; the others wait for it, then read the cache.
+Where no lock file can be opened or locked, every worker finds them itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hpcai500_tf import record as record_io
+from hpcai500_tf.errors import UserError
 
 CACHE_FILE = ".hpcai500-counts.json"
+LOCK_WAIT_S = 1800.0  # how long a worker waits for another to find the facts
+FAILED = "failed: "  # how the lock file passes a holder's error on to the workers waiting
 FINGERPRINT_METHOD = "sha256 over the JSON list of the sorted [file name, size in bytes] pairs"
 
 
@@ -67,3 +79,75 @@ def store(data_dir: str | Path, split: str, facts: dict) -> Path | None:
         except OSError:
             continue
     return None
+
+
+def lock_file(data_dir: str | Path) -> Path | None:
+    """The lock file beside the cache file `store` would write (the first whose directory can
+    be written and that is no directory itself), or None where there is none."""
+    for path in cache_files(data_dir):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(path.parent, os.W_OK) and not path.is_dir():
+            return path.with_suffix(".lock")
+    return None
+
+
+@contextlib.contextmanager
+def finding(data_dir: str | Path) -> Iterator[None]:
+    """Hold the lock beside the count cache while facts are found (load them again inside:
+    another worker may have stored them meanwhile), so that one worker reads the files and
+    the others wait for it. No lock where no cache can be written, the lock file cannot be
+    opened or the filesystem has no flock. A UserError raised under the lock is passed on to
+    the workers that waited for it."""
+    path = lock_file(data_dir)
+    try:
+        handle = path.open("a+") if path else None
+    except OSError:
+        handle = None
+    if handle is None:
+        yield
+        return
+    with handle:
+        waited = _lock(handle, path)
+        if waited is None:  # the filesystem has no flock
+            yield
+            return
+        handle.seek(0)
+        if waited and (told := handle.read().strip()).startswith(FAILED):
+            raise UserError(told.removeprefix(FAILED))
+        handle.truncate(0)
+        handle.write(f"held by pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        except UserError as error:
+            handle.truncate(0)
+            handle.write(f"{FAILED}{error}\n")
+            handle.flush()
+            raise
+
+
+def _lock(handle, path: Path) -> bool | None:
+    """Take the exclusive lock, waiting up to LOCK_WAIT_S: whether it had to wait, or None
+    where the filesystem cannot lock."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    delay, waited = 0.01, False
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return waited
+        except BlockingIOError:
+            waited = True
+        except OSError:
+            return None
+        if time.monotonic() >= deadline:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise UserError(
+                f"{path}: waited {LOCK_WAIT_S:g} s for another worker to verify the data "
+                f"({holder}); it still holds this lock"
+            )
+        time.sleep(delay)
+        delay = min(2 * delay, 1.0)

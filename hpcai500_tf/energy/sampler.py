@@ -17,7 +17,7 @@ import time
 import zlib
 from pathlib import Path
 
-from hpcai500_tf.energy.integrate import energy_over
+from hpcai500_tf.energy.integrate import RunningEnergy, energy_over
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.engine.mllog import open_for_append
@@ -50,6 +50,7 @@ class PowerSampler:
         self.readings: dict[str, list[tuple[float, float]]] = {s.name: [] for s in sources}
         self.failed: dict[str, int] = {s.name: 0 for s in sources}
         self.first_error: dict[str, str] = {}
+        self._running: dict[str, RunningEnergy] = {}  # per source: `measure_so_far`'s totals
         self._lock = threading.Lock()  # readings stay in time order across threads
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,25 +95,34 @@ class PowerSampler:
             self._thread = None
             self.sample_once()  # a last reading after the run's stop brackets the interval
 
-    def measure(self, intervals: list[tuple[float, float]], sample_now: bool = False) -> list[dict]:
-        """Per-source energy over `intervals`, as plain data (kept across resumes).
-        `sample_now` first takes a reading, so an interval ending now is covered to its end."""
-        if sample_now:
-            self.sample_once()
+    def measure(self, intervals: list[tuple[float, float]]) -> list[dict]:
+        """Per-source energy over `intervals`, as plain data (kept across resumes)."""
         results = []
         for source in self.sources:
             readings = list(self.readings[source.name])
             measured = energy_over(readings, source.kind, intervals, source.wrap_j)
-            results.append(
-                _measurement(
-                    source,
-                    self.worker,
-                    measured,
-                    self.failed[source.name],
-                    self.first_error.get(source.name),
-                )
-            )
+            results.append(self._result(source, measured))
         return results
+
+    def measure_so_far(self, start: float) -> tuple[float, list[dict]]:
+        """Take a reading, then each source's energy from `start` to now, and now: a
+        checkpoint's. A running total per source walks only the readings since the last call
+        (`integrate.RunningEnergy`), so the cost per checkpoint does not grow with the run."""
+        with self._lock:
+            self._sample()
+            stop = self.clock()  # every reading so far is at or before it
+        results = []
+        for source in self.sources:
+            running = self._running.get(source.name)
+            if running is None or running.start != start:
+                running = RunningEnergy(source.kind, start, source.wrap_j)
+                self._running[source.name] = running
+            results.append(self._result(source, running.update(self.readings[source.name], stop)))
+        return stop, results
+
+    def _result(self, source: Source, measured) -> dict:
+        errors = self.failed[source.name], self.first_error.get(source.name)
+        return _measurement(source, self.worker, measured, *errors)
 
     def write_samples(self, path: Path) -> None:
         """Append every reading to a CSV beside the record (source, unix seconds, value).

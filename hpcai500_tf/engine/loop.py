@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, fields
@@ -41,10 +42,12 @@ def read_state(run_dir: Path) -> dict:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         raise UserError(f"{path}: corrupt resume state (not readable JSON)") from None
     keys = {f.name for f in fields(Progress)} | {"checkpoint"}
-    if not isinstance(state, dict) or set(state) != keys:
+    if not isinstance(state, dict) or not keys - {"checkpoints"} <= set(state) <= keys:
         raise UserError(f"{path}: corrupt resume state (expected an object of {sorted(keys)})")
+    state.setdefault("checkpoints", [])  # a state written before the list was kept
     counts = (state["epochs_done"], state["examples"])
     lists = (state["segments"], state["epochs"], state["curve"], state["energy"])
+    lists += (state["checkpoints"],)
     if (
         not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
         or not all(isinstance(item, list) for item in lists)
@@ -52,6 +55,28 @@ def read_state(run_dir: Path) -> dict:
     ):
         raise UserError(f"{path}: corrupt resume state (a count, list or checkpoint is malformed)")
     return state
+
+
+def checkpoint_due(training: TrainingConfig, epochs_done: int, seconds_since: float) -> bool:
+    """Whether the end of epoch `epochs_done` writes a checkpoint, `seconds_since` the last one
+    (or the segment's start): after the last epoch always; before it once
+    `checkpoint_minutes` of wall time have passed, or every `checkpoint_every` epochs (each 0:
+    never)."""
+    if epochs_done >= training.epochs:
+        return True
+    minutes, every = training.checkpoint_minutes, training.checkpoint_every
+    by_time = minutes > 0 and seconds_since >= 60 * minutes
+    return by_time or (every > 0 and epochs_done % every == 0)
+
+
+def cadence(training: TrainingConfig) -> str:
+    """`training`'s checkpoint cadence in words, for the record."""
+    minutes, every = training.checkpoint_minutes, training.checkpoint_every
+    ways = [f"every {minutes:g} min of wall time"] if minutes else []
+    ways += [f"every {every} epoch(s)"] if every else []
+    if not ways:
+        return "after the last epoch only"
+    return f"{' or '.join(ways)} (at an epoch's end), and after the last epoch"
 
 
 class Diverged(Exception):
@@ -83,6 +108,7 @@ class Engine:
         self.view = view
         self.replicas = strategy.num_replicas_in_sync
         self.saved_epochs: int | None = None  # epochs the last checkpoint holds
+        self.clock = time.monotonic  # what checkpoint cadence is measured by
         self.trace = None  # a profiler trace of chosen steps (report.tensorboard.StepTrace)
         self.global_batch = training.batch_per_replica * self.replicas
         self.steps_per_epoch = workload.train_examples // self.global_batch
@@ -280,13 +306,32 @@ class Engine:
             self._write_checkpoint(str(Path(scratch) / "ckpt"))
 
     def save(self, run_dir: Path, progress: Progress) -> None:
+        """Write the model and optimizer under a new prefix, then the state naming it
+        (atomically, with the write's time in `progress.checkpoints`), then remove the ones
+        before it: a kill at any moment leaves a state whose checkpoint is whole."""
         directory = run_dir / "checkpoints"
         directory.mkdir(exist_ok=True)
-        prefix = self._write_checkpoint(str(directory / "ckpt")).numpy().decode()
+        started = time.monotonic()
+        prefix = self._write_checkpoint(str(directory / f"ckpt-{progress.epochs_done}"))
+        prefix = prefix.numpy().decode()
+        progress.checkpoints.append(
+            {
+                "epoch": progress.epochs_done,
+                "elapsed_s": progress.elapsed(),
+                "write_s": time.monotonic() - started,
+            }
+        )
         record_io.write_atomic(
             run_dir / STATE_FILE, {**asdict(progress), "checkpoint": prefix}, overwrite=True
         )
         self.saved_epochs = progress.epochs_done
+        for old in directory.glob("ckpt*"):  # ckpt (before numbering), ckpt-N.*, a _temp dir
+            if old.name.startswith(Path(prefix).name + "."):
+                continue
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
 
     def restore(self, run_dir: Path, fingerprint_now: str) -> Progress:
         state = read_state(run_dir)
@@ -312,11 +357,13 @@ class Engine:
     ) -> Progress:
         """Train from `progress.epochs_done` to the budget; returns the final progress.
 
-        `power`, a running `PowerSampler`, puts the energy so far into each checkpoint; the
-        caller stops it and adds the last segment's energy after this returns."""
+        Checkpoints go to `run_dir` (None: none, as on a worker other than the chief) at the
+        epoch ends `checkpoint_due` picks. `power`, a running `PowerSampler`, puts the energy
+        so far into each; the caller stops it and adds the last segment's energy after this
+        returns."""
         t = self.training
         batches = self.train_batches(seed_offset=progress.epochs_done)
-        segment_start = time.time()
+        segment_start, last_checkpoint = time.time(), self.clock()
         if progress.run_start is None:
             progress.run_start = segment_start
             self.mllog.start("run_start", time_ms=segment_start * 1000)
@@ -325,27 +372,27 @@ class Engine:
                 self._train_epoch(epoch, batches, progress, segment_start, log_every)
                 if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
                     self._evaluate(epoch, progress, segment_start)
-                if run_dir and t.checkpoint_every and (epoch + 1) % t.checkpoint_every == 0:
-                    stop = time.time()
-                    energy = (
-                        power.measure([(segment_start, stop)], sample_now=True) if power else []
-                    )
-                    snapshot = Progress(
-                        **{
-                            **asdict(progress),
-                            "segments": [
-                                *progress.segments,
-                                {"start": segment_start, "stop": stop},
-                            ],
-                            "energy": [*progress.energy, energy],
-                        }
-                    )
-                    self.save(run_dir, snapshot)
+                if run_dir and checkpoint_due(t, epoch + 1, self.clock() - last_checkpoint):
+                    self._checkpoint(run_dir, progress, segment_start, power)
+                    last_checkpoint = self.clock()
         finally:
             progress.segments.append({"start": segment_start, "stop": time.time()})
             if self.trace:
                 self.trace.stop()  # a run ended inside the traced steps
         return progress
+
+    def _checkpoint(self, run_dir: Path, progress: Progress, segment_start: float, power) -> None:
+        """Save the progress so far, the open segment closed now with its energy so far."""
+        stop, energy = power.measure_so_far(segment_start) if power else (time.time(), [])
+        snapshot = Progress(
+            **{
+                **asdict(progress),
+                "segments": [*progress.segments, {"start": segment_start, "stop": stop}],
+                "energy": [*progress.energy, energy],
+            }
+        )
+        self.save(run_dir, snapshot)
+        progress.checkpoints = snapshot.checkpoints
 
     def _train_epoch(self, epoch, batches, progress, segment_start, log_every):
         self.mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})

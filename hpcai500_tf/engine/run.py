@@ -10,9 +10,7 @@ import contextlib
 import importlib.util
 import os
 import re
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
-from hpcai500_tf.engine.loop import Diverged, Engine
+from hpcai500_tf.engine.loop import Diverged, Engine, cadence
 from hpcai500_tf.engine.mllog import MLLogger
 from hpcai500_tf.engine.run_record import (
     CONFIG_FILE,
@@ -152,7 +150,6 @@ class BenchmarkRun:
     workers: int
     rank: int
     run_dir: Path | None  # None on a worker that does not know it (Slurm, a user's TF_CONFIG)
-    save_dir: Path  # checkpoints: the run directory on the chief, a scratch one elsewhere
     resumed: bool
     progress: Progress
     mllog: MLLogger
@@ -326,12 +323,9 @@ def prepare_run(
             run_dir or record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
         )
         record_io.write_atomic(run_dir / CONFIG_FILE, config.saved_config(setup))
-    # Every worker writes checkpoints (the variables are read collectively); only the chief's
-    # are kept. The others write to a scratch directory, removed at the end.
-    save_dir = run_dir if rank == 0 else scratch_dir(rank)
     mllog = engine.mllog = MLLogger(run_dir / MLPERF_LOG if rank == 0 else None)
     run = BenchmarkRun(
-        setup, engine, workers, rank, run_dir and Path(run_dir), save_dir, bool(resume),
+        setup, engine, workers, rank, run_dir and Path(run_dir), bool(resume),
         Progress(config_fingerprint=config_id, init_start=init_start), mllog,
         warnings=device_warnings,
     )  # fmt: skip
@@ -383,15 +377,15 @@ def _record_lost(run: BenchmarkRun) -> bool:
 
 
 def initialise(run: BenchmarkRun, meter_log: str | None) -> None:
-    """Everything before the timed run: count the train step's FLOPs, warm it up (and the
-    checkpoint writer), so that one-time costs stay out of the time to quality."""
+    """Everything before the timed run: count the train step's FLOPs, warm it up (and, on the
+    chief, the checkpoint writer), so that one-time costs stay out of the time to quality."""
     engine, view = run.engine, run.engine.view
     if view:
         view.message("tracing the train step, counting its FLOPs, warming it up")
     batch = engine.synthetic_batch()
     run.flops = measure_flops(engine, batch)
     engine.warm_up(batch)
-    if run.setup.training.checkpoint_every:
+    if run.chief:  # the one that writes checkpoints: at least one, after the last epoch
         engine.warm_up_checkpoints()
     if not run.resumed:
         run.mllog.end("init_stop")
@@ -423,7 +417,7 @@ def timed_run(run: BenchmarkRun, power_hz: float, sigterm: _SigtermStop | None =
         sampler.worker = run.rank  # its measurements and power-sample rows name this worker
     outcome = Outcome(sampler=sampler, notes=notes)
     try:
-        run.engine.train_epochs(run.progress, run.save_dir, power=sampler)
+        run.engine.train_epochs(run.progress, run.run_dir if run.chief else None, power=sampler)
     except (KeyboardInterrupt, Exception) as error:  # every ending is a status and a warning
         if sigterm and sigterm.received and not isinstance(error, Diverged):
             # SIGTERM's stop, whatever it raised: Terminated, or on a multi-worker run a peer
@@ -448,12 +442,15 @@ def classify_failure(error: BaseException, run: BenchmarkRun) -> tuple[str, str,
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
         saved = run.engine.saved_epochs
         where = run.run_dir or "RUN_DIR (the chief's run directory)"
-        resume = (
-            "no checkpoint was written yet: it cannot be resumed"
-            if saved is None
-            else f"the last checkpoint holds {saved}: resume with --resume {where} "
-            f"(it continues from epoch {saved + 1})"
-        )
+        if not run.chief:  # the chief writes the checkpoints
+            resume = f"resume with --resume {where} (from the chief's last checkpoint)"
+        elif saved is None:
+            resume = "no checkpoint was written yet: it cannot be resumed"
+        else:
+            resume = (
+                f"the last checkpoint holds {saved}: resume with --resume {where} "
+                f"(it continues from epoch {saved + 1})"
+            )
         done = run.progress.epochs_done
         if isinstance(error, Terminated):  # the peers get it too: skip the energy collective
             return "stopped", f"{SIGTERM_STOPPED} after {done} epoch(s); {resume}", run.workers > 1
@@ -497,7 +494,6 @@ def finish(
     """Gather every node's energy, close the MLPerf log and write the record (the chief)."""
     others, others_notes = gather_energy(run, outcome)  # a collective where every peer is there
     if not run.chief:
-        shutil.rmtree(run.save_dir, ignore_errors=True)
         if outcome.status != "completed":
             reason = "; ".join(run.warnings)
             raise WorkerRunEnded(run.rank, outcome.status, reason, outcome.exit_code)
@@ -516,6 +512,8 @@ def finish(
         "run_dir": str(run_dir),
         "mlperf_log": str(run_dir / MLPERF_LOG),
         "checkpoints": str(run_dir / "checkpoints"),
+        "checkpoint_cadence": cadence(run.setup.training),
+        "checkpoints_written": run.progress.checkpoints,
         "power_samples": str(run_dir / POWER_SAMPLES) if sampled else None,
     }
     artifacts |= _tensorboard_artifacts(run)
@@ -579,23 +577,6 @@ def _write_traceback(run_dir: Path | None) -> str:
     return f" (traceback in {run_dir / 'error.log'})"
 
 
-def scratch_dir(rank: int) -> Path:
-    """A worker's scratch directory for its checkpoints, removed at the end of its run; the
-    ones that workers which died (SIGKILL, os._exit) left behind go at the next start."""
-    base = Path(tempfile.gettempdir()) / "hpcai500-tf-scratch"
-    base.mkdir(exist_ok=True)
-    for old in base.glob("worker*-*"):
-        try:
-            os.kill(int(old.name.rsplit("-", 1)[1]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(old, ignore_errors=True)
-        except (ValueError, PermissionError):
-            continue  # not ours to judge: another user's process, or a name we did not make
-    path = base / f"worker{rank}-{os.getpid()}"
-    path.mkdir()
-    return path
-
-
 def _tail(path: Path, size: int = 4096) -> str:
     """The end of a text file ('' if it cannot be read)."""
     try:
@@ -636,6 +617,13 @@ def check_multi_worker(engine: Engine, workers: int, config_id: str) -> None:
         raise UserError(
             f"{workload.eval_examples} evaluation examples cannot be sharded to {workers} workers"
         )
+    # Only the chief writes checkpoints: every variable here is mirrored (synchronised on
+    # write), so a save reads the chief's own copy. One synchronised on read (a Keras metric's)
+    # would be all-reduced by the save, a collective the other workers would never join.
+    variables = [*engine.model.variables, *engine.optimizer.variables]
+    on_read = [v.path for v in variables if v.synchronization == "on_read"]
+    if on_read:
+        raise RuntimeError(f"{on_read[0]}: read collectively, so the chief cannot save alone")
     if not cluster.same_on_all_workers(engine.strategy, config_id):
         raise UserError(
             f"the workers were started with different configs (this worker's is {config_id}): "

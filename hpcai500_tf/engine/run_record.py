@@ -46,6 +46,7 @@ class Progress:
     init_start: float = 0.0
     run_start: float | None = None
     energy: list[list[dict]] = field(default_factory=list)  # per closed segment, per source
+    checkpoints: list[dict] = field(default_factory=list)  # epoch, elapsed_s, write_s of each
 
     def elapsed(self, now: float | None = None, open_segment: float | None = None) -> float:
         closed = sum(s["stop"] - s["start"] for s in self.segments)

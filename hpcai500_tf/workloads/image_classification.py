@@ -50,6 +50,9 @@ class ImageClassification:
             )
         self.data_name = DATASET_NAMES[self.data.source]
         self.facts: dict = {}  # L9 facts found in the data (none for generated data)
+        # With data.cache, the datasets built, by (training, seed, shard): every evaluation
+        # then iterates the same one, whose in-memory cache the first filled.
+        self._cached: dict[tuple, tf.data.Dataset] = {}
         self.train_examples = self.data.train_examples
         self.eval_examples = self.data.eval_examples
         if self.data.source == "imagenet":
@@ -145,9 +148,23 @@ class ImageClassification:
             return procedural.procedural_dataset(
                 examples, seed, d.image_size, d.num_classes, d.noise, training, shard
             )
-        return imagenet.imagenet_dataset(
-            self.data_dir, training, d.image_size, d.label_offset, seed, shard, d.shuffle_buffer
+        key = (training, seed, tuple(shard))
+        if key in self._cached:
+            return self._cached[key]
+        dataset = imagenet.imagenet_dataset(
+            self.data_dir,
+            training,
+            d.image_size,
+            d.label_offset,
+            seed,
+            shard,
+            d.shuffle_buffer,
+            cache=d.cache,
+            cache_dir=d.cache_dir,
         )
+        if d.cache:
+            self._cached[key] = dataset
+        return dataset
 
     def data_warnings(self, workers: int) -> list[str]:
         """What the record should say about reading this data with `workers` workers."""

@@ -46,11 +46,19 @@ class ImageClassificationData:
     eval_examples: int
     shuffle_buffer: int
     noise: float
+    # Keep this worker's serialized records after the first pass (before decoding, so crops
+    # still vary): in memory, or in tf.data cache files in `cache_dir` (a node-local directory).
+    cache: bool = False
+    cache_dir: str = ""
 
     def check(self) -> str | None:
         if self.source not in IMAGE_CLASSIFICATION_DATASETS:
             known = ", ".join(IMAGE_CLASSIFICATION_DATASETS)
             return f"source must be one of {known}, got '{self.source}'"
+        if self.cache and self.source != "imagenet":
+            return f"cache reads TFRecords once: it needs source = 'imagenet', not '{self.source}'"
+        if self.cache_dir and not self.cache:
+            return "cache_dir is where the cache goes: it needs cache = true"
         problem = config.out_of_range(
             self,
             image_size=(16, 4096),
