@@ -131,6 +131,9 @@ def _train(args: argparse.Namespace) -> int:
         setup = config.resume_setup(
             args.resume, args.benchmark, args.preset, overrides, args.config
         )
+        from hpcai500_tf.engine import run_state
+
+        run_state.check_resumable(args.resume, setup.training.epochs)
     else:
         setup = config.run_setup(args.benchmark, args.preset, overrides, args.config)
     if args.workers is not None:

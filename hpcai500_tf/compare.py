@@ -8,7 +8,7 @@ comparison when both solve the same problem (L9 equal) and exactly one of L1-L8 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from dataclasses import field as dataclass_field
 
 from hpcai500_tf import config, scoring
@@ -161,7 +161,13 @@ def to_json(comparison: Comparison, path_a: str, path_b: str) -> dict:
         "flop_basis": {"a": comparison.flop_bases[0], "b": comparison.flop_bases[1]},
         "warnings": comparison.warnings,
         "differing_layers": comparison.differing_layers,
-        "differences": [asdict(d) for d in comparison.differences],
-        "recorded_by_one_side_only": [asdict(u) for u in comparison.unknown],
-        "metrics": [{**asdict(m), "ratio_b_over_a": m.ratio} for m in comparison.metrics],
+        "differences": [_shallow(d) for d in comparison.differences],
+        "recorded_by_one_side_only": [_shallow(u) for u in comparison.unknown],
+        "metrics": [{**_shallow(m), "ratio_b_over_a": m.ratio} for m in comparison.metrics],
     }
+
+
+def _shallow(item) -> dict:
+    """A dataclass's fields as a dict, its values as they are: `asdict` copies them level by
+    level, recursively, so that a value nested a few hundred deep overflows Python's stack."""
+    return {f.name: getattr(item, f.name) for f in fields(item)}

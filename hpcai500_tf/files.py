@@ -6,15 +6,17 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from hpcai500_tf.errors import UserError
 
 MAX_FILE_BYTES = 1 << 30  # records, logs and sidecars larger than this are refused
 
 
-def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The text of a regular file of at most `max_bytes`; one line naming the file otherwise
-    (a FIFO, a device, a directory, a symlink loop, a name too long, a file too large)."""
+def open_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> BinaryIO:
+    """A binary handle on a regular file of at most `max_bytes`, its kind checked before
+    anything is read; one line naming the file otherwise (a FIFO, a device, a directory, a
+    symlink loop, a name too long, a file too large)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
@@ -28,14 +30,21 @@ def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYT
             raise UserError(f"{path}: not a regular file; a {what} must be one")
         if info.st_size > max_bytes:
             raise UserError(f"{path}: {info.st_size} bytes, larger than a {what} can be")
-        with os.fdopen(fd, "rb") as handle:
-            fd = None  # the handle closes it
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    return handle
+
+
+def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a regular file of at most `max_bytes` (see `open_regular_file`)."""
+    path = Path(path)
+    with open_regular_file(path, what, max_bytes) as handle:
+        try:
             data = handle.read(max_bytes + 1)
-    except OSError as error:  # e.g. EIO from a special file that passes as regular
-        raise UserError(f"{path}: cannot read {what} ({error.strerror or error})") from None
-    finally:
-        if fd is not None:
-            os.close(fd)
+        except OSError as error:  # e.g. EIO from a special file that passes as regular
+            raise UserError(f"{path}: cannot read {what} ({error.strerror or error})") from None
     if len(data) > max_bytes:
         raise UserError(f"{path}: larger than a {what} can be")
     try:

@@ -8,6 +8,7 @@ import pytest
 
 from hpcai500_tf import compare, mlperf_import, record
 from hpcai500_tf.cli import main
+from tests.conftest import EXAMPLE
 from tests.test_compare import _hand_written, _log_line
 
 
@@ -74,3 +75,71 @@ def test_import_reads_each_key_once(tmp_path, monkeypatch):
     rec, _ = mlperf_import.build_record(str(log), {"framework": "x", "flops_per_example": 1.0})
     assert rec["layers"]["L8"]["opt_k49999"] == 49_999
     assert len(calls) < 50
+
+
+@pytest.mark.parametrize("depth", [600, 985])
+def test_a_value_nested_hundreds_deep_is_output_or_one_line(published_record, tmp_path, depth):
+    """A record Python's parser still reads (it refuses past ~990 levels) never overflows the
+    stack in a command after it: every output is made without recursing per level."""
+    import sys
+
+    deep = []
+    for _ in range(depth):
+        deep = [deep]
+    published_record["layers"]["L1"]["deep"] = deep
+    path = tmp_path / "deep.json"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)  # only to write it
+    try:
+        path.write_text(json.dumps(published_record))
+    finally:
+        sys.setrecursionlimit(limit)
+    for command in (
+        ["score", str(path), "--json"],
+        ["rank", str(path), "--json"],
+        ["compare", str(path), str(EXAMPLE), "--json"],
+        ["compare", str(path), str(EXAMPLE)],
+        ["report", str(path), "--out", str(tmp_path / "pages")],
+    ):
+        code, out, err = _run(command)
+        assert code in (0, 2) and "Traceback" not in err, (command, err[-500:])
+        if code == 2:
+            assert len(err.splitlines()) == 1, err
+        elif "--json" in command:
+            json.loads(out)
+
+
+def _run(argv):
+    import contextlib
+    import io
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def test_a_meter_log_too_small_to_score_leaves_energy_not_measured(tmp_path):
+    """5e-324 W is a reading (finite, not negative) whose score per watt overflows: the run's
+    record says energy was not measured and why, and stays scorable."""
+    from hpcai500_tf.engine.run_record import Progress, energy_result
+
+    log = tmp_path / "meter.csv"
+    log.write_text("".join(f"{1000 + t},5e-324\n" for t in range(0, 30)))
+    progress = Progress("f", segments=[{"start": 1002.0, "stop": 1020.0}], energy=[[]])
+    energy, warnings = energy_result(progress, [], 0.0, str(log))
+    assert energy["measured"] is False and "below 0.001 W" in energy["reason"]
+    assert any("energy not measured" in w for w in warnings)
+
+
+def test_junk_meter_log_lines_are_counted_not_kept(tmp_path):
+    """200,000 junk lines (two fields, no reading): counted in one warning naming the first
+    few, read line by line (the file is never held whole)."""
+    from hpcai500_tf.energy.meter_log import read_meter_log
+
+    log = tmp_path / "meter.csv"
+    junk = "".join(f"x{i},y{i}\n" for i in range(200_000))
+    log.write_text("timestamp,watts\n1000,300\n" + junk + "1010,310\n")
+    readings, warnings = read_meter_log(log)
+    assert readings == [(1000.0, 300.0), (1010.0, 310.0)]
+    assert warnings == [f"{log}: 200000 unreadable line(s) skipped (line 3, 4, 5, 6, 7, ...)"]

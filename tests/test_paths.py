@@ -17,6 +17,7 @@ READERS = [
     ["roofline", "--record", "{}"],
     ["report", "{}", "--out", "{out}"],
     ["train", "--config", "{}"],
+    ["train", "--resume", "{}"],
 ]
 OUTPUTS = [
     ["train", "image_classification", "--preset", "tiny", "--out", "{}"],

@@ -165,7 +165,12 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
     engine.warm_up_checkpoints()
     batches = engine.train_batches()
     engine.train_step(*next(batches))
-    engine.save(tmp_path, Progress(config_fingerprint="x", epochs_done=1))
+    epoch = {"epoch": 1, "elapsed_s": 1.0, "examples": 32, "seconds": 1.0, "loss": 2.0}
+    progress = Progress(
+        config_fingerprint="x", epochs_done=1, examples=32, epochs=[epoch],
+        segments=[{"start": 10.0, "stop": 11.0}], energy=[[]], init_start=9.0, run_start=10.0,
+    )  # fmt: skip
+    engine.save(tmp_path, progress)
     variables = [*engine.model.variables, *engine.optimizer.variables]
     saved = [v.numpy().copy() for v in variables]
     engine.train_step(*next(batches))

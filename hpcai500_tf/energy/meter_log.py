@@ -48,39 +48,53 @@ def _unit_factor(header: str, path: Path) -> float:
     return _UNITS[name]
 
 
+# A reading's shape: two fields, the first a number or an ISO 8601 time, the second a number
+# (checked by conversion after): a junk line is refused by one match, without exceptions.
+_READING = re.compile(
+    r"\s*([0-9+.-][0-9.eE+-]*|\d{4}-\d\d-\d\d[T ][0-9:.+Z-]+)\s*[,;\t]\s*"
+    r"([0-9+.-][0-9.eE+-]*|[+-]?(?:nan|inf(?:inity)?))\s*",
+    re.IGNORECASE,
+)
+SHOWN_BAD_LINES = 5
+
+
 def read_meter_log(path: str | Path) -> tuple[list[tuple[float, float]], list[str]]:
     """(time-ordered (unix seconds, watts) readings, warnings). Raises UserError when the file
-    cannot be read or holds no usable reading."""
-    from hpcai500_tf.record import read_regular_file  # a FIFO or device is refused, not read
+    cannot be read or holds no usable reading. Read line by line: time and memory linear in
+    the usable readings, a few microseconds a junk line."""
+    from hpcai500_tf.files import open_regular_file  # a FIFO or device is refused, not read
 
     path = Path(path)
-    text = read_regular_file(path, "meter log")
-    factor, readings, bad = 1.0, [], []
+    factor, readings, bad, bad_count = 1.0, [], [], 0
     first = True
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        fields = [f.strip() for f in _SPLIT.split(line)]
-        if first:
-            first = False
-            if len(fields) == 2 and not re.match(r"^[\d.+-]", fields[0]):
-                factor = _unit_factor(fields[1], path)
-                continue
+    with open_regular_file(path, "meter log") as handle:
         try:
-            if len(fields) != 2:
-                raise ValueError("not two fields")
-            stamp, watts = _timestamp(fields[0]), float(fields[1]) * factor
-            if not (math.isfinite(stamp) and math.isfinite(watts)) or watts < 0:
-                raise ValueError("not a finite, non-negative reading")
-        except ValueError:
-            bad.append(number)
-            continue
-        readings.append((stamp, watts))
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError:
+                    raise UserError(f"{path}: not UTF-8 text; a meter log is") from None
+                if not line or line.startswith("#"):
+                    continue
+                if first:
+                    first = False
+                    fields = [f.strip() for f in _SPLIT.split(line)]
+                    if len(fields) == 2 and not re.match(r"^[\d.+-]", fields[0]):
+                        factor = _unit_factor(fields[1], path)
+                        continue
+                reading = _reading(line, factor)
+                if reading is None:
+                    bad_count += 1
+                    if len(bad) < SHOWN_BAD_LINES:
+                        bad.append(number)
+                    continue
+                readings.append(reading)
+        except OSError as error:
+            raise UserError(f"{path}: cannot read meter log ({error.strerror or error})") from None
     warnings = []
-    if bad:
-        shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
-        warnings.append(f"{path}: {len(bad)} unreadable line(s) skipped (line {shown})")
+    if bad_count:
+        shown = ", ".join(map(str, bad)) + (", ..." if bad_count > len(bad) else "")
+        warnings.append(f"{path}: {bad_count} unreadable line(s) skipped (line {shown})")
     out_of_order = sum(1 for a, b in zip(readings, readings[1:], strict=False) if b[0] < a[0])
     if out_of_order:
         warnings.append(f"{path}: {out_of_order} reading(s) out of time order (sorted)")
@@ -93,3 +107,17 @@ def read_meter_log(path: str | Path) -> tuple[list[tuple[float, float]], list[st
     if len(unique) < 2:
         raise UserError(f"{path}: fewer than two usable readings in the meter log")
     return unique, warnings
+
+
+def _reading(line: str, factor: float) -> tuple[float, float] | None:
+    """(unix seconds, watts) of one line; None where it is not a finite, non-negative one."""
+    match = _READING.fullmatch(line)
+    if match is None:
+        return None
+    try:
+        stamp, watts = _timestamp(match.group(1)), float(match.group(2)) * factor
+    except ValueError:
+        return None
+    if not (math.isfinite(stamp) and math.isfinite(watts)) or watts < 0:
+        return None
+    return stamp, watts

@@ -22,7 +22,7 @@ from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
-from hpcai500_tf.engine import cluster, devices
+from hpcai500_tf.engine import cluster, devices, run_state
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Diverged, Engine, cadence
 from hpcai500_tf.engine.mllog import MLLogger
@@ -299,8 +299,10 @@ def prepare_run(
 ) -> BenchmarkRun:
     """The strategy (before any other TensorFlow op), the engine, the devices checked, the
     run directory and the progress to start from: new, or restored from its last checkpoint."""
-    if resume and not (Path(resume) / CONFIG_FILE).is_file():
-        raise UserError(f"{resume}: not a run directory (no {CONFIG_FILE})")
+    if resume:  # before any TensorFlow op, and again on every worker (see run_state)
+        if not (Path(resume) / CONFIG_FILE).is_file():
+            raise UserError(f"{resume}: not a run directory (no {CONFIG_FILE})")
+        run_state.check_resumable(resume, setup.training.epochs)
     config_id = fingerprint(setup.config)
     engine = build_engine(setup, data_dir, None, view)
     _, workers, rank = strategies.describe(engine.strategy, setup.training.strategy)
@@ -363,15 +365,11 @@ def watch_in_tensorboard(run: BenchmarkRun, on: bool, profile_steps) -> None:
 
 
 def _record_lost(run: BenchmarkRun) -> bool:
-    """Whether a resumed run had already finished its epochs (only its record was lost);
-    refused when the record is there: there is nothing left to do."""
+    """Whether a resumed run had already finished its epochs, so that only its record is
+    rebuilt (one that was lost, or the stopped one a stop after the last checkpoint left;
+    `run_state.check_resumable` refused the run where a completed record is there)."""
     if run.progress.epochs_done < run.setup.training.epochs:
         return False
-    if (run.run_dir / RECORD_FILE).exists():
-        raise UserError(
-            f"{run.run_dir}: the run already finished all its epochs (its record: "
-            f"{run.run_dir / RECORD_FILE})"
-        )
     run.warnings.append("the record was rebuilt by --resume from the run's saved state")
     return True
 

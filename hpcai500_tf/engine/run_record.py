@@ -26,6 +26,7 @@ CONFIG_FILE = "config.json"
 RECORD_FILE = "record.json"
 MLPERF_LOG = "mlperf.log"
 POWER_SAMPLES = "power-samples.csv"
+MIN_AVERAGE_WATTS = 1e-3  # an average power below this is a sensor or a log out of range
 
 
 def fingerprint(config: dict) -> str:
@@ -152,11 +153,19 @@ def energy_result(
     except Exception as error:  # noqa: BLE001 - any failure here must not lose the run
         why, warnings = f"energy could not be computed ({error.__class__.__name__}: {error})", []
     else:
+        watts = block.get("average_watts")
         try:
             record_io.dumps(block)  # the record's own writer refuses numbers that are not finite
-            return block, warnings
         except ValueError:
             why = "the readings give a number that is not finite (a sensor or log out of range)"
+        else:
+            if not (block["measured"] and watts is not None and watts < MIN_AVERAGE_WATTS):
+                return block, warnings
+            why = (
+                f"the readings average {watts:.3g} W, below {MIN_AVERAGE_WATTS:g} W: no machine "
+                "that trains draws that (a sensor or log out of range; the score per watt "
+                "would not be finite)"
+            )
     notes = [*notes, why]
     block = record_io.energy_not_measured(
         "; ".join(notes), interval_s=interval_s, requested_hz=hz or None, notes=notes

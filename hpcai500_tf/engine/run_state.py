@@ -1,0 +1,260 @@
+"""A stopped run's directory, trusted only once checked: what `train --resume` reads.
+
+`check_resumable` runs in pure Python before TensorFlow loads and before any worker starts:
+every file and directory a resume reads or writes must be of its kind (a FIFO, a device or a
+directory where a file belongs is refused, never opened), the resume state (state.json) must
+match its schema, agree with itself (one epoch entry per epoch done, segments forward in time,
+evaluations within the timed run) and with the run's budget, and the checkpoint it names must
+be whole on disk. The engine then checks what only TensorFlow can read: the epoch count the
+checkpoint itself holds, and every tensor's checksum, before any training starts.
+
+A resume refused here changes nothing in the run directory: its last record stays as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from pathlib import Path
+
+from hpcai500_tf import record as record_io
+from hpcai500_tf.engine.run_record import CONFIG_FILE, MLPERF_LOG, POWER_SAMPLES, RECORD_FILE
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import read_regular_file
+from hpcai500_tf.validation import compile_shape, invalid
+
+STATE_FILE = "state.json"
+CHECKPOINTS = "checkpoints"
+MAX_STATE_BYTES = 64 << 20  # a few hundred bytes an epoch: far more than any real run's
+PREFIX = re.compile(r"ckpt(?:-(\d+))?")  # ckpt-N, N epochs; ckpt (before they were numbered)
+
+# What a resume reads, appends to or replaces, and the kind each must be where it exists.
+# Logs are appended to and never followed through a symbolic link (see mllog.open_for_append).
+RUN_FILES = {
+    CONFIG_FILE: "file",
+    STATE_FILE: "file",
+    RECORD_FILE: "file",
+    MLPERF_LOG: "log",
+    POWER_SAMPLES: "log",
+    "error.log": "file",
+    CHECKPOINTS: "directory",
+    "tensorboard": "directory",
+    "workers": "directory",
+}
+
+_SEGMENT = {"start": "num", "stop": "num"}
+_EPOCH = {"epoch": "int", "elapsed_s": "num", "examples": "int", "seconds": "num", "loss": "num"}
+_POINT = {"epoch": "int", "elapsed_s": "num", "examples": "int", "value": "num"}
+_CHECKPOINT = {"epoch": "int", "elapsed_s": "num", "write_s": "num"}
+_SHAPE = {
+    "config_fingerprint": "str",
+    "epochs_done": "int",
+    "examples": "int",
+    "segments": [_SEGMENT],
+    "epochs": [_EPOCH],
+    "curve": [_POINT],
+    "init_start": "num",
+    "run_start": "num?",
+    "energy": [["dict"]],  # per segment, per source: checked where the record is built
+    "checkpoints": [_CHECKPOINT],
+    "checkpoint": "str",
+}
+_CHECK_STATE = compile_shape(_SHAPE, closed=True)
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Each file a resume touches is of its kind where it exists; one line naming it if not."""
+    try:
+        info = os.stat(run_dir)
+    except OSError as error:
+        raise UserError(f"{run_dir}: cannot open the run directory ({error.strerror})") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{run_dir}: not a run directory (not a directory)")
+    for name, kind in RUN_FILES.items():
+        path = run_dir / name
+        try:
+            info = os.stat(path)  # follows a link: its target's kind is what is read
+        except FileNotFoundError:
+            if os.path.islink(path):
+                raise UserError(f"{path}: a dangling symbolic link in the run directory") from None
+            continue
+        except OSError as error:
+            raise UserError(f"{path}: cannot be read ({error.strerror})") from None
+        if kind == "directory":
+            if not stat.S_ISDIR(info.st_mode):
+                raise UserError(f"{path}: not a directory; a run directory's {name} is one")
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise UserError(
+                f"{path}: {what}; a resumed run reads or writes it as a file: "
+                "move it out of the run directory"
+            )
+        if kind == "log" and os.path.islink(path):
+            raise UserError(f"{path}: is a symbolic link; refusing to write a log through it")
+
+
+def read_state(run_dir: Path) -> dict:
+    """The resume state in `run_dir`, checked against its schema and against itself."""
+    path = run_dir / STATE_FILE
+    if not os.path.lexists(path):
+        raise UserError(f"{run_dir}: no {STATE_FILE}: nothing to resume")
+    text = read_regular_file(path, "resume state", MAX_STATE_BYTES)
+    state = record_io.parse_json(text, path, "resume state")
+    if isinstance(state, dict):
+        state.setdefault("checkpoints", [])  # a state written before the list was kept
+    try:
+        _CHECK_STATE(state, "", path)
+        _check_counts(state, path)
+    except UserError as error:
+        raise UserError(f"{path}: corrupt resume state ({_reason(error, path)})") from None
+    return state
+
+
+def _reason(error: UserError, path: Path) -> str:
+    return str(error).removeprefix(f"{path}: ")
+
+
+def _check_counts(state: dict, path: Path) -> None:
+    """What the shape cannot say: counts that must agree, time that only goes forward."""
+    done, epochs = state["epochs_done"], state["epochs"]
+    if done < 0:
+        raise invalid(path, "epochs_done", ">= 0", done)
+    if len(epochs) != done:
+        held = PREFIX.fullmatch(Path(state["checkpoint"]).name)
+        named = f", and its checkpoint {held.group(0)}" if held and held.group(1) else ""
+        raise UserError(
+            f"epochs_done is {done}, but {len(epochs)} epochs are listed{named}: resume refused"
+        )
+    for index, epoch in enumerate(epochs):
+        if epoch["epoch"] != index + 1:
+            raise invalid(path, f"epochs[{index}].epoch", str(index + 1), epoch["epoch"])
+        if epoch["seconds"] < 0:
+            raise invalid(path, f"epochs[{index}].seconds", ">= 0", epoch["seconds"])
+    last_examples = epochs[-1]["examples"] if epochs else 0
+    if state["examples"] != last_examples:
+        raise invalid(
+            path, "examples", f"the last epoch's examples ({last_examples})", state["examples"]
+        )
+    timed = 0.0
+    previous_stop = -math.inf
+    for index, segment in enumerate(state["segments"]):
+        if segment["stop"] <= segment["start"]:
+            raise invalid(path, f"segments[{index}].stop", "after its start", segment["stop"])
+        if segment["start"] < previous_stop:
+            raise invalid(
+                path, f"segments[{index}].start", "at or after the previous one's stop",
+                segment["start"],
+            )  # fmt: skip
+        previous_stop = segment["stop"]
+        timed += segment["stop"] - segment["start"]
+    if done and not state["segments"]:
+        raise invalid(path, "segments", f"the timed segments of {done} epochs", [])
+    if len(state["energy"]) != len(state["segments"]):
+        raise invalid(
+            path, "energy", f"one list for each of the {len(state['segments'])} segments",
+            state["energy"],
+        )  # fmt: skip
+    within = timed * (1 + 1e-9) + 1e-6  # the timed seconds so far bound every elapsed time
+    for where, points in (("epochs", epochs), ("curve", state["curve"])):
+        _check_forward(points, where, done, within, path)
+    for index, written in enumerate(state["checkpoints"]):
+        if not 0 <= written["epoch"] <= done or written["write_s"] < 0:
+            raise invalid(
+                path, f"checkpoints[{index}]", f"an epoch in 0-{done} and write_s >= 0", written
+            )
+    if state["run_start"] is None and done:
+        raise invalid(path, "run_start", f"the run's start ({done} epochs were timed)", None)
+
+
+def _check_forward(points: list[dict], where: str, done: int, within: float, path: Path) -> None:
+    epoch, elapsed, examples = 0, 0.0, 0
+    for index, point in enumerate(points):
+        for key, floor, ceiling in (
+            ("epoch", epoch, done),
+            ("elapsed_s", elapsed, within),
+            ("examples", examples, math.inf),
+        ):
+            if not floor <= point[key] <= ceiling:
+                words = f"in {floor:.6g}-{ceiling:.6g}" if ceiling != math.inf else f">= {floor}"
+                raise invalid(path, f"{where}[{index}].{key}", words, point[key])
+        epoch, elapsed, examples = point["epoch"], point["elapsed_s"], point["examples"]
+
+
+def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
+    """The checkpoint the state names, inside `run_dir` (where the run directory is now: it
+    may have been moved), named for the epochs the state has done, whole on disk: its index
+    and every data shard regular files."""
+    path = run_dir / STATE_FILE
+    name = Path(state["checkpoint"]).name
+    match = PREFIX.fullmatch(name)
+    if match is None:
+        raise invalid(path, "checkpoint", "a checkpoint of the run (ckpt-N)", state["checkpoint"])
+    if match.group(1) is not None and int(match.group(1)) != state["epochs_done"]:
+        raise UserError(
+            f"{path}: says {state['epochs_done']} epochs were done, but the checkpoint it names "
+            f"({name}) holds {int(match.group(1))}: resume refused"
+        )
+    prefix = run_dir / CHECKPOINTS / name
+    index = prefix.with_name(name + ".index")
+    _regular(index, "checkpoint index")
+    shards = sorted(prefix.parent.glob(f"{name}.data-*-of-*"))
+    if not shards:
+        raise UserError(f"{prefix}: the checkpoint has no data files ({name}.data-*)")
+    counts = {shard.name.rsplit("-of-", 1)[1] for shard in shards}
+    expected = {f"{name}.data-{i:05d}-of-{count}" for count in counts for i in range(int(count))}
+    missing = sorted(expected - {shard.name for shard in shards})
+    if len(counts) != 1 or missing:
+        raise UserError(
+            f"{prefix}: the checkpoint is incomplete "
+            f"({'missing ' + missing[0] if missing else 'shards of different sets'})"
+        )
+    for shard in shards:
+        _regular(shard, "checkpoint data file")
+    return prefix
+
+
+def _regular(path: Path, what: str) -> None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such {what}: the checkpoint is incomplete") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the {what} ({error.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{path}: not a regular file; a {what} must be one")
+
+
+def finished_record(run_dir: Path) -> dict | None:
+    """The run's record where it is a valid completed one (nothing is left to resume); None
+    where there is none, or it is stopped, failed or damaged (a resume replaces it)."""
+    path = run_dir / RECORD_FILE
+    if not path.exists():
+        return None
+    try:
+        record = record_io.load(path)
+    except UserError:
+        return None
+    return record if record["status"] == "completed" else None
+
+
+def check_resumable(run_dir: Path | str, epochs: int) -> dict:
+    """Everything about a run directory that can be checked before TensorFlow loads; returns
+    its state. `epochs` is the run's budget (from the config saved in it)."""
+    run_dir = Path(run_dir)
+    check_run_files(run_dir)
+    state = read_state(run_dir)
+    if state["epochs_done"] > epochs:
+        raise UserError(
+            f"{run_dir / STATE_FILE}: says {state['epochs_done']} epochs were done, more than "
+            f"the run's {epochs}: resume refused"
+        )
+    checkpoint_prefix(run_dir, state)
+    if state["epochs_done"] == epochs and finished_record(run_dir) is not None:
+        raise UserError(
+            f"{run_dir}: the run already finished all its epochs (its record: "
+            f"{run_dir / RECORD_FILE})"
+        )
+    return state
