@@ -2,6 +2,7 @@
 Faster R-CNN's pieces, and the benchmark end to end on the tiny preset."""
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -198,6 +199,152 @@ def test_downsampling_averages_pixels_and_scales_boxes(tmp_path):
     assert image.shape == (8, 12, 16)
     assert image[0, 0, 0] == pytest.approx(images[0, 0, :4, :4].mean())
     assert scaled[0].tolist() == [1, 2, 5, 10, 2] and scaled[1].tolist() == [-1] * 5
+
+
+# The two readers. Their images are equal bit for bit: the same float32 operations in the same
+# order (no reductions, so no dependence on a CPU's vector width, e.g. AVX-512 on Xeon against
+# AVX2 on Zen 3), on data without subnormal values (TensorFlow flushes those to zero).
+
+
+def _write_layout(path: Path, layout: str, count=5, height=32, width=48, seed=0):
+    """A file in the published layout whose `images` are stored as `layout` says."""
+    rng = np.random.default_rng(seed)
+    images = (rng.standard_normal((count, 16, height, width)) * 3 + 7).astype("f4")
+    boxes = -np.ones((count, 15, 5), "f4")
+    boxes[:, 0] = [3, 5, 21, 30, 1]
+    boxes[1, 1] = [1, 2, 9, 11, 3]
+    storage = {
+        "contiguous": {},
+        "contiguous-f8": {"dtype": "<f8"},
+        "chunk-per-sample": {"chunks": (1, 16, height, width)},
+        "chunk-per-2-samples": {"chunks": (2, 16, height, width)},
+        "gzip": {"chunks": (1, 16, height, width), "compression": "gzip"},
+        "shuffle": {"chunks": (1, 16, height, width), "shuffle": True},
+        "fletcher32": {"chunks": (1, 16, height, width), "fletcher32": True},
+        "chunk-per-channel": {"chunks": (1, 1, height, width)},
+        "big-endian": {"dtype": ">f4"},
+        "float16": {"dtype": "<f2"},
+    }[layout]
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("boxes", data=boxes)
+        dtype = storage.pop("dtype", "<f4")
+        handle.create_dataset("images", data=images.astype(dtype), **storage)
+    return path
+
+
+PREAD = ["contiguous", "contiguous-f8", "chunk-per-sample", "chunk-per-2-samples"]
+H5PY = ["gzip", "shuffle", "fletcher32", "chunk-per-channel", "big-endian", "float16"]
+
+
+@pytest.mark.parametrize("layout", PREAD)
+def test_whole_unfiltered_samples_take_the_pread_reader(tmp_path, layout):
+    path = _write_layout(tmp_path / "climo_1979.h5", layout)
+    assert ew.reader([path]) == ("pread", "")
+    synthetic = ew.write_synthetic(tmp_path / "climo_1980.h5", 2, 32, 48, seed=1)
+    assert ew.reader([path, synthetic]) == ("pread", "")
+
+
+@pytest.mark.parametrize("layout", H5PY)
+def test_filtered_or_split_samples_fall_back_to_h5py(tmp_path, layout):
+    good = _write_layout(tmp_path / "climo_1979.h5", "contiguous")
+    path = _write_layout(tmp_path / "climo_1980.h5", layout)
+    kind, why = ew.reader([good, path])
+    assert kind == "h5py" and why.startswith(f"{path}: 'images' ") and "\n" not in why
+    with pytest.raises(UserError, match="the pread reader cannot read it"):
+        _elements([good, path], read_with="pread")
+
+
+def _elements(files, downsample=1, training=True, shard=(1, 0), read_with="auto", seed=5):
+    stats = {"mean": list(np.linspace(6, 8, 16)), "std": list(np.linspace(2, 4, 16))}
+    counts = [ew.check_file(path)[0] for path in files]
+    _, height, width = ew.check_file(files[0])
+    data = ew.dataset(
+        files, counts, stats, training, seed, shard, downsample,
+        (height // downsample, width // downsample), read_with,
+    )  # fmt: skip
+    return list(data.as_numpy_iterator())
+
+
+@pytest.mark.parametrize("layout", PREAD)
+@pytest.mark.parametrize("downsample, training, shard", [(1, True, (1, 0)), (2, False, (2, 1)),
+                                                        (3, True, (2, 0))])  # fmt: skip
+def test_both_readers_give_the_same_elements_in_the_same_order(
+    tmp_path, layout, downsample, training, shard
+):
+    files = [
+        _write_layout(tmp_path / "climo_1979.h5", layout, seed=1),
+        _write_layout(tmp_path / "climo_1980.h5", "contiguous", count=3, seed=2),
+    ]
+    fast = _elements(files, downsample, training, shard, "pread")
+    slow = _elements(files, downsample, training, shard, "h5py")
+    assert len(fast) == len(slow) == len(range(shard[1], 8, shard[0]))
+    for (image, boxes), (expected_image, expected_boxes) in zip(fast, slow, strict=True):
+        assert image.dtype == expected_image.dtype == np.float32
+        assert image.shape == expected_image.shape == (32 // downsample, 48 // downsample, 16)
+        np.testing.assert_array_equal(image, expected_image)  # bit for bit, not approximately
+        np.testing.assert_array_equal(boxes, expected_boxes)
+    assert len({image.tobytes() for image, _ in fast}) == len(fast)  # distinct samples
+
+
+def test_the_shuffled_order_follows_the_seed_for_both_readers(tmp_path):
+    files = [_write_layout(tmp_path / "climo_1979.h5", "contiguous", count=8)]
+    order = {
+        (reader, seed): [image.tobytes() for image, _ in _elements(files, 1, True,
+                                                                      read_with=reader, seed=seed)]
+        for reader in ("pread", "h5py") for seed in (1, 2)
+    }  # fmt: skip
+    assert order["pread", 1] == order["h5py", 1] and order["pread", 2] == order["h5py", 2]
+    assert order["pread", 1] != order["pread", 2]
+
+
+def test_the_pread_reader_stops_on_a_non_finite_sample_naming_it(tmp_path):
+    path = _write_layout(tmp_path / "climo_1979.h5", "contiguous")
+    with h5py.File(path, "r+") as handle:
+        handle["images"][3, 7, 2, 9] = np.nan
+    assert ew.reader([path])[0] == "pread"
+    with pytest.raises(tf.errors.OpError) as caught:
+        _elements([path], training=False)
+    from hpcai500_tf.engine.run import _user_error_inside
+
+    assert str(_user_error_inside(caught.value)) == (
+        f"{path}: sample 3: the image holds NaN or infinite values"
+    )
+
+
+def _truncate_keeping_the_superblock_valid(path: Path, cut: int) -> None:
+    """Cut `cut` bytes off the end of a file and rewrite its version-0 superblock's end-of-file
+    address (bytes 40-48), so that HDF5 still opens it and only a read would fail."""
+    data = bytearray(path.read_bytes()[:-cut])
+    assert data[8] == 0  # superblock version 0: h5py's default
+    data[40:48] = struct.pack("<Q", len(data))
+    path.write_bytes(bytes(data))
+
+
+def test_image_bytes_past_the_end_of_the_file_are_refused_when_the_data_is_built(tmp_path):
+    path = _write_layout(tmp_path / "climo_1979.h5", "chunk-per-sample")  # images written last
+    _truncate_keeping_the_superblock_valid(path, 1000)
+    with h5py.File(path, "r") as handle:  # HDF5 opens it: only reading sample 4 would fail
+        assert handle["boxes"].shape == (5, 15, 5)
+    size = path.stat().st_size
+    message = f"{path}: truncated: sample 4's image ends at byte {size + 1000}, the file has {size}"
+    for build in (lambda: ew.check_file(path), lambda: ew.reader([path])):
+        with pytest.raises(UserError) as caught:
+            build()
+        assert str(caught.value) == message + " bytes"
+
+
+def test_a_split_whose_files_h5py_must_read_is_warned_about(tmp_path):
+    from hpcai500_tf.workloads import build_workload
+
+    for year, layout in ((1979, "gzip"), (1980, "contiguous")):
+        _write_layout(tmp_path / f"climo_{year}.h5", layout, height=64, width=96, count=4)
+    setup = config.prepare("extreme_weather", "tiny", ["data.source=hdf5"])
+    workload = build_workload("extreme_weather", setup.config, str(tmp_path))
+    (warning,) = workload.data_warnings(1)
+    assert warning.startswith(f"{tmp_path / 'climo_1979.h5'}: 'images' is filtered")
+    assert "h5repack" in warning
+    images, boxes = next(iter(workload.dataset(True, 0, (1, 0))))  # still read, through h5py
+    assert images.shape == (32, 48, 16) and boxes.shape == (15, 5)
 
 
 def test_normalisation_is_computed_once_and_kept_beside_the_data(tmp_path):

@@ -171,8 +171,20 @@ class ExtremeWeather:
         )  # fmt: skip
 
     def data_warnings(self, workers: int) -> list[str]:
-        """None: each worker's (file, sample) pairs are its own slice, whatever the file count."""
-        return []
+        """None for sharding (each worker's (file, sample) pairs are its own slice, whatever the
+        file count); one per split whose files h5py must read (ew.reader): one sample at a
+        time, about one core's worth a process."""
+        if self.data.source == "random":
+            return []
+        warnings = []
+        for files in (self.train_files, self.eval_files):
+            kind, why = ew.reader(files)
+            if kind == "h5py":
+                warnings.append(
+                    f"{why}: read through h5py, one sample at a time; `h5repack -l images:CONTI "
+                    "-f images:NONE IN OUT` once lets its samples be read in parallel"
+                )
+        return warnings
 
     def per_example_loss(self, model, images, labels, label_smoothing: float):
         return model.training_losses(images, labels)
