@@ -262,6 +262,52 @@ def cuda_visible_gpus(value: str | None, uuids: list[str]) -> tuple[list[int] | 
     return chosen, None
 
 
+# A worker's share of the GPUs CUDA makes visible (positions in that list, e.g. "2,3"), set
+# by `--workers N`: every worker sees every GPU (NCCL's peer-to-peer path between them needs
+# that on some NCCL versions) and computes on its share (tf.config.set_visible_devices).
+WORKER_GPUS = "HPCAI500_WORKER_GPUS"
+
+
+def worker_gpu_positions(value: str, count: int) -> tuple[list[int] | None, str | None]:
+    """(positions, None) of the GPUs a worker's share (`value`, WORKER_GPUS) names in the list
+    of `count` GPUs CUDA makes visible to it, in the order given; (None, a one-line problem)
+    where it names none, a position twice, something that is not a position, or one beyond
+    `count`."""
+    entries = [entry.strip() for entry in value.split(",")]
+    problem = None
+    if not all(entry.isdigit() for entry in entries):
+        problem = "is not a list of GPU positions such as 2,3"
+    elif len(set(entries)) < len(entries):
+        problem = "names a GPU twice"
+    elif max(int(entry) for entry in entries) >= count:
+        problem = f"names a GPU beyond the {count} CUDA makes visible here (positions from 0)"
+    if problem:
+        return None, f"{WORKER_GPUS}={value!r} {problem}"
+    return [int(entry) for entry in entries], None
+
+
+def computing_gpus(environ, uuids: list[str]) -> tuple[list[int] | None, str | None]:
+    """The NVML indices of the GPUs this process computes on: those CUDA_VISIBLE_DEVICES
+    leaves it (`cuda_visible_gpus`), narrowed to this worker's share where WORKER_GPUS is set;
+    and a one-line note where either names something that is no GPU here (a share that does
+    not fit is noted and not applied: the strategy refuses it before a run starts)."""
+    chosen, note = cuda_visible_gpus(environ.get("CUDA_VISIBLE_DEVICES"), uuids)
+    share = environ.get(WORKER_GPUS)
+    if share is None or not chosen:
+        return chosen, note
+    positions, problem = worker_gpu_positions(share, len(chosen))
+    if positions is None:
+        return chosen, "; ".join(filter(None, (note, problem)))
+    return [chosen[position] for position in positions], note
+
+
+def gpu_selection(environ) -> str:
+    """What chose this process's GPUs, for a note: CUDA_VISIBLE_DEVICES and the share, those
+    of the two that are set (CUDA_VISIBLE_DEVICES named when neither is)."""
+    chosen = [name for name in ("CUDA_VISIBLE_DEVICES", WORKER_GPUS) if name in environ]
+    return ", ".join(f"{name}={environ.get(name)!r}" for name in chosen or ["CUDA_VISIBLE_DEVICES"])
+
+
 def _gpu_summary(used: list[dict], count: int, mig: bool) -> str:
     models = ", ".join(sorted({g["model"] for g in used}))
     of = f" (of {count})" if len(used) < count else ""
@@ -269,14 +315,15 @@ def _gpu_summary(used: list[dict], count: int, mig: bool) -> str:
 
 
 def hardware_layer(workers: int = 1) -> dict:
-    """L1: CPU, memory and GPUs, each GPU marked "visible" when this process may use it
-    (CUDA_VISIBLE_DEVICES; None where that names MIG instances); the summary counts the GPUs
-    the run may use (L5 `devices_used` of a run's record says what it computed on)."""
+    """L1: CPU, memory and GPUs, each GPU marked "visible" when this process computes on it
+    (CUDA_VISIBLE_DEVICES and this worker's share, WORKER_GPUS; None where the variable names
+    MIG instances); the summary counts those GPUs (L5 `devices_used` of a run's record says
+    what it computed on)."""
     cpu = cpu_facts()
     gpus, _, gpu_note = nvidia_gpus()
     cores = os.cpu_count()
     environment = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible, visibility_note = cuda_visible_gpus(environment, [g["uuid"] for g in gpus])
+    visible, visibility_note = computing_gpus(os.environ, [g["uuid"] for g in gpus])
     accelerators = [
         {
             "index": g["index"],

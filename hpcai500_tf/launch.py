@@ -1,8 +1,12 @@
 """`hpcai500-tf train ... --workers N`: N worker processes on this machine, one run, one record.
 
 Each worker gets a `TF_CONFIG` naming every worker on loopback, with ports chosen free at
-launch. On a GPU node each worker gets its share of the GPUs as `CUDA_VISIBLE_DEVICES` (an
-existing list in that variable is split), and every worker its share of the cores' threads.
+launch. On a GPU node every worker sees every GPU CUDA makes visible (`CUDA_VISIBLE_DEVICES`
+as it was, or unset) and gets its contiguous share in `HPCAI500_WORKER_GPUS`, which it gives
+TensorFlow with tf.config.set_visible_devices: NCCL between local workers then sees the peers'
+GPUs, which its peer-to-peer path (NVLink, PCIe) needs on some NCCL and CUDA versions.
+`HPCAI500_GPU_PLACEMENT=cuda_visible_devices` gives each worker only its share as
+`CUDA_VISIBLE_DEVICES` instead. Every worker gets its share of the cores' threads.
 Worker 0 (the chief) prints to this console and writes the record; every worker's
 messages (TensorFlow's included) go to `RUN_DIR/workers/worker-I.log`. When a worker fails,
 the others get the communication timeout to end on their own (the chief then records the run
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpcai500_tf import record as record_io
+from hpcai500_tf.benchmark_layers import WORKER_GPUS, worker_gpu_positions
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.engine.mllog import open_for_append
@@ -32,6 +37,9 @@ MAX_WORKERS = 128
 TERM_GRACE_S = 5.0
 THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DEFAULT_FAILURE_GRACE_S = 30.0
+# How a worker is kept to its GPUs: inside TensorFlow (the default), or by CUDA.
+GPU_PLACEMENT = "HPCAI500_GPU_PLACEMENT"
+PLACEMENTS = ("set_visible_devices", "cuda_visible_devices")
 
 
 def worker_args(args) -> list[str]:
@@ -81,15 +89,16 @@ def tf_configs(ports: list[int]) -> list[str]:
     ]
 
 
-def _gpu_split_error(workers: int, gpus: list[str], base_env: Mapping[str, str]) -> str:
-    """The one line refusing a worker count that does not divide the GPUs, with the counts
-    that do."""
-    count = len(gpus)
-    where = (
-        f"the {count} GPU{'s' if count > 1 else ''} of CUDA_VISIBLE_DEVICES"
-        if "CUDA_VISIBLE_DEVICES" in base_env
-        else f"this node's {count} GPU{'s' if count > 1 else ''}"
-    )
+def _gpu_split_error(workers: int, count: int, base_env: Mapping[str, str]) -> str:
+    """The one line refusing a worker count that does not divide the `count` GPUs, with the
+    counts that do."""
+    plural = "s" if count > 1 else ""
+    if WORKER_GPUS in base_env:
+        where = f"the {count} GPU{plural} of {WORKER_GPUS}"
+    elif "CUDA_VISIBLE_DEVICES" in base_env:
+        where = f"the {count} GPU{plural} of CUDA_VISIBLE_DEVICES"
+    else:
+        where = f"this node's {count} GPU{plural}"
     fits = [str(n) for n in range(2, min(count, MAX_WORKERS) + 1) if count % n == 0]
     refusal = f"--workers {workers} does not divide {where}"
     if not fits:
@@ -103,23 +112,62 @@ def worker_environments(
 ) -> list[dict[str, str]]:
     """Each local worker's environment: `base_env`, its share of the `cpus` cores as thread
     counts (variables already set are kept), and on a GPU node its contiguous share of `gpus`
-    (CUDA_VISIBLE_DEVICES entries) as its CUDA_VISIBLE_DEVICES, so the workers do not all take
-    every GPU. A worker count that does not divide the GPUs is refused: the workers would get
-    unequal shares, and the strategy needs the same replicas on every worker."""
-    if gpus and len(gpus) % workers:
-        raise UserError(_gpu_split_error(workers, gpus, base_env))
+    (the CUDA_VISIBLE_DEVICES entries CUDA makes visible here, or those of a share already in
+    WORKER_GPUS), so the workers do not all take every GPU: as positions in WORKER_GPUS, the
+    list CUDA sees left whole, or with GPU_PLACEMENT=cuda_visible_devices (the default for
+    MIG instances) as its own CUDA_VISIBLE_DEVICES. A worker count that does not divide the
+    GPUs is refused: the workers would get unequal shares, and the strategy needs the same
+    replicas on every worker."""
+    # MIG instances have no CUDA IPC, so no peer-to-peer path to keep: each worker is given its
+    # own instances, as CUDA enumerates them per process.
+    mig = any(entry.startswith("MIG-") for entry in gpus)
+    placement = base_env.get(GPU_PLACEMENT) or PLACEMENTS[1 if mig else 0]
+    if placement not in PLACEMENTS:
+        raise UserError(
+            f"{GPU_PLACEMENT}={placement!r}: use set_visible_devices (the default: every "
+            "worker sees every GPU and TensorFlow computes on its share) or "
+            "cuda_visible_devices (each worker sees only its share)"
+        )
+    positions = list(range(len(gpus)))
+    if gpus and base_env.get(WORKER_GPUS) is not None:  # a share already: it is split
+        positions, problem = worker_gpu_positions(base_env[WORKER_GPUS], len(gpus))
+        if positions is None:
+            raise UserError(problem)
+    if positions and len(positions) % workers:
+        raise UserError(_gpu_split_error(workers, len(positions), base_env))
     usable = cpus or len(os.sched_getaffinity(0))  # the cores this process may run on
     threads = str(max(1, usable // workers))
     shares = {name: base_env.get(name, threads) for name in THREAD_VARIABLES}
-    per_worker = len(gpus) // workers
+    per_worker = len(positions) // workers
     environments = []
     for index in range(workers):
         env = {**base_env, **shares}
-        if gpus:
-            own = gpus[index * per_worker : (index + 1) * per_worker]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(own)
+        env.pop(WORKER_GPUS, None)
+        own = positions[index * per_worker : (index + 1) * per_worker]
+        if own and placement == "cuda_visible_devices":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[position] for position in own)
+        elif own:
+            env[WORKER_GPUS] = ",".join(map(str, own))
         environments.append(env)
     return environments
+
+
+def gpu_shares(environments: list[dict[str, str]], gpus: list[str]) -> tuple[int, str]:
+    """(GPUs per worker, the launch line's words for each worker's GPUs): CUDA_VISIBLE_DEVICES
+    entries (node indices or UUIDs), and what keeps the workers to them."""
+    if not any(WORKER_GPUS in env for env in environments):
+        named = [env["CUDA_VISIBLE_DEVICES"] for env in environments]
+        return len(named[0].split(",")), "CUDA_VISIBLE_DEVICES " + " | ".join(named)
+    named = [
+        ",".join(gpus[int(position)] for position in env[WORKER_GPUS].split(","))
+        for env in environments
+    ]
+    listed = environments[0].get("CUDA_VISIBLE_DEVICES")
+    seen = f"CUDA_VISIBLE_DEVICES={listed}" if listed is not None else "every GPU"
+    shares = " | ".join(named)
+    return len(named[0].split(",")), (
+        f"GPUs {shares} by tf.config.set_visible_devices, each worker seeing {seen}"
+    )
 
 
 def _failure_line(path: Path) -> str:
@@ -185,8 +233,8 @@ def launch(
     processes = []
     each = f"{environments[0]['TF_NUM_INTRAOP_THREADS']} intra-op threads each"
     if gpus:
-        shares = " | ".join(env["CUDA_VISIBLE_DEVICES"] for env in environments)
-        each = f"{len(gpus) // workers} GPU(s) and {each}; CUDA_VISIBLE_DEVICES {shares}"
+        per_worker, shares = gpu_shares(environments, gpus)
+        each = f"{per_worker} GPU(s) and {each}; {shares}"
     print(
         f"launching {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
         f"({each}); logs in {logs}",

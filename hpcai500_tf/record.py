@@ -100,9 +100,9 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
-# Where a run ran, not what it ran on: two runs of one system on other nodes of a cluster are
-# the same submission, and comparing them changes no layer.
-PLACEMENT_FIELDS = {("L3", "nodes")}
+# Where a run ran, not what it ran on: two runs of one system on other nodes of a cluster (or
+# other GPUs of a node) are the same submission, and comparing them changes no layer.
+PLACEMENT_FIELDS = {("L3", "nodes"), ("L3", "gpu_assignment")}
 
 FLOAT_RANGE = 2**1024  # the first integer a float cannot hold (float() overflows)
 

@@ -76,6 +76,96 @@ def test_cuda_visible_devices_narrows_the_gpus_expected(monkeypatch):
     assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0"}) == 0
 
 
+# A worker's share (HPCAI500_WORKER_GPUS, `--workers N`): positions in the list CUDA sees.
+
+
+def _mixed_node(monkeypatch):
+    """NVML's answer for a node of two A100s (NVML 0, 1) and two H100s (2, 3)."""
+    models = ["NVIDIA A100-SXM4-80GB"] * 2 + ["NVIDIA H100 80GB HBM3"] * 2
+    gpus = [
+        {"index": i, "model": model, "memory_bytes": 80 << 30, "uuid": f"GPU-{i}abc"}
+        for i, model in enumerate(models)
+    ]
+    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", lambda: (gpus, "570.00", None))
+    return gpus
+
+
+def test_a_share_picks_its_gpus_through_cuda_visible_devices_order(monkeypatch):
+    uuids = [gpu["uuid"] for gpu in _mixed_node(monkeypatch)]
+    share = benchmark_layers.WORKER_GPUS
+    assert benchmark_layers.computing_gpus({share: "2,3"}, uuids) == ([2, 3], None)
+    # positions in CUDA's list: CUDA_VISIBLE_DEVICES=3,1,0,2 makes position 0 NVML's GPU 3
+    listed = {"CUDA_VISIBLE_DEVICES": "3,1,0,2", share: "0,1"}
+    assert benchmark_layers.computing_gpus(listed, uuids) == ([3, 1], None)
+    # a share that does not fit is noted, not applied (the strategy refuses it before a run)
+    assert benchmark_layers.computing_gpus({share: "4"}, uuids) == (
+        [0, 1, 2, 3],
+        "HPCAI500_WORKER_GPUS='4' names a GPU beyond the 4 CUDA makes visible here "
+        "(positions from 0)",
+    )
+    assert devices.visible_gpu_count({share: "2,3"}) == 2
+    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3", share: "1"}) == 1
+
+
+def test_the_gpus_expected_of_tensorflow_are_the_share(monkeypatch):
+    _mixed_node(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(benchmark_layers.WORKER_GPUS, "2,3")
+    with pytest.raises(UserError, match="this machine has 2 GPUs this process may use"):
+        devices.check_devices(_default_strategy(), allow_cpu=False)
+
+
+def test_l1_and_the_peak_follow_the_share(monkeypatch):
+    from hpcai500_tf.roofline import peaks
+
+    _mixed_node(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(benchmark_layers.WORKER_GPUS, "2,3")
+    layer = benchmark_layers.hardware_layer(workers=2)
+    assert [g["visible"] for g in layer["accelerators"]] == [False, False, True, True]
+    assert layer["summary"] == "2 workers x 2 x NVIDIA H100 80GB HBM3 (of 4)"
+    assert peaks.theoretical_peak("fp32", layer)[1].startswith("NVIDIA H100 80GB HBM3 = ")
+
+
+class FourBoards:
+    """The part of pynvml the energy sources use: four GPUs with energy counters."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}abc"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return 1000 * handle
+
+
+def test_energy_counts_the_boards_of_the_share(monkeypatch):
+    from hpcai500_tf.energy.sources import nvml_sources
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setenv(benchmark_layers.WORKER_GPUS, "1,2")
+    sources, note = nvml_sources(FourBoards())
+    assert [(s.name, s.uuid) for s in sources] == [("gpu1", "GPU-1abc"), ("gpu2", "GPU-2abc")]
+    assert note == (
+        "gpu0 (NVIDIA H100 80GB HBM3), gpu3 (NVIDIA H100 80GB HBM3) left out: not among the "
+        "GPUs this worker computes on (CUDA_VISIBLE_DEVICES='0,1,2,3', "
+        "HPCAI500_WORKER_GPUS='1,2')"
+    )
+
+
 def test_device_kind_reads_tensorflow_device_names():
     assert devices.device_kind("/job:worker/replica:0/task:1/device:GPU:3") == "GPU"
     assert devices.device_kind(CPU_DEVICE) == "CPU"

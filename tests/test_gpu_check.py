@@ -1,5 +1,6 @@
 """tools/gpu_check.py: the GPU node check's harness, on a CPU (a GPU run is the real test)."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -7,8 +8,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from hpcai500_tf.benchmark_layers import WORKER_GPUS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "gpu_check.py"
@@ -136,3 +140,175 @@ def test_install_without_the_package_index_is_one_line_and_leaves_nothing(tmp_pa
     (line,) = result.stderr.splitlines()
     assert line.startswith("gpu_check.sh: error: could not install the package with its cuda")
     assert not venv.exists() and not (tmp_path / "summary.json").exists()
+
+
+# ------------------------------------------------------------------ the all-reduce check's parts
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    """tools/gpu_check.py as a module (it imports no TensorFlow)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FOUR = ["0", "1", "2", "3"]
+
+
+def test_the_all_reduce_workers_get_their_gpu_as_train_workers_n_gives_it(gpu_check):
+    """set_visible_devices (the project's default): every worker sees every GPU (the variable
+    as it was) and computes on its position; cuda_visible_devices: each sees its own only. A
+    share set by hand is not passed on; NCCL_DEBUG=INFO unless set."""
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "4,5,6,7", WORKER_GPUS: "1"}
+    gpus = ["4", "5", "6", "7"]
+    ports = [2001, 2002, 2003, 2004]
+    share = gpu_check.all_reduce_environments("set_visible_devices", gpus, ports, base)
+    assert [env[WORKER_GPUS] for env in share] == FOUR
+    assert {env["CUDA_VISIBLE_DEVICES"] for env in share} == {"4,5,6,7"}
+    isolated = gpu_check.all_reduce_environments("cuda_visible_devices", gpus, ports, base)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in isolated] == gpus
+    assert not any(WORKER_GPUS in env for env in isolated)
+    for index, env in enumerate(share + isolated):
+        config = json.loads(env["TF_CONFIG"])
+        assert config["task"] == {"type": "worker", "index": index % 4}
+        assert config["cluster"]["worker"] == [f"127.0.0.1:{port}" for port in ports]
+        assert env["NCCL_DEBUG"] == "INFO" and env["TF_NUM_INTRAOP_THREADS"]
+    unset = gpu_check.all_reduce_environments("set_visible_devices", FOUR, ports, {})
+    assert [env[WORKER_GPUS] for env in unset] == FOUR
+    assert not any("CUDA_VISIBLE_DEVICES" in env for env in unset)  # every GPU of the node
+    quieter = {"NCCL_DEBUG": "WARN"}
+    assert (
+        gpu_check.all_reduce_environments("set_visible_devices", FOUR, ports, quieter)[0][
+            "NCCL_DEBUG"
+        ]
+        == "WARN"
+    )
+    rehearsal = gpu_check.all_reduce_environments("set_visible_devices", [], ports[:2], {})
+    for env in rehearsal:  # CPU workers: no GPU variable, no NCCL
+        assert not {WORKER_GPUS, "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG"} & set(env)
+
+
+NCCL_OUTPUT = """\
+gpu8:101:101 [0] NCCL INFO NCCL version 2.21.5+cuda12.4
+gpu8:101:130 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1
+gpu8:101:130 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+gpu8:101:130 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+gpu8:101:130 [0] NCCL INFO Ring 02 : 0[1a000] -> 1[1b000] via P2P/IPC
+gpu8:101:130 [0] NCCL INFO Channel 00/1 : 0[0] -> 1[1] [send] via NET/IB/0
+gpu8:101:130 [0] NCCL INFO Could not enable P2P between dev 0(=1a000) and dev 1(=1b000)
+gpu8:101:130 [0] NCCL INFO Could not enable P2P between dev 0(=1a000) and dev 1(=1b000)
+gpu8:101:130 [0] NCCL WARN Cuda failure 'peer access is not supported between these two devices'
+gpu8:101:130 [0] NCCL INFO Connected all rings
+"""
+
+
+def test_nccl_debug_output_gives_the_transports_version_and_p2p_notes(gpu_check):
+    log = gpu_check.nccl_log([NCCL_OUTPUT, "gpu8:102:140 [1] NCCL INFO Channel 00/0 : 1[1] -> "
+                              "0[0] via SHM/direct/direct\n"])  # fmt: skip
+    assert log["transports"] == {
+        "NET/IB/0": 1, "P2P/CUMEM/read": 2, "P2P/IPC": 1, "SHM/direct/direct": 1
+    }  # fmt: skip
+    assert log["version"] == "2.21.5+cuda12.4"
+    assert log["notes"] == [
+        "INFO Could not enable P2P between dev 0(=1a000) and dev 1(=1b000)",
+        "WARN Cuda failure 'peer access is not supported between these two devices'",
+    ]
+    assert gpu_check.nccl_log(["no NCCL here"]) == {"transports": {}, "version": None, "notes": []}
+
+
+def test_the_p2p_verdict_names_the_placement_that_kept_p2p(gpu_check):
+    def placement(transports, bus=None, status="passed"):
+        return {"status": status, "nccl_transports": transports, "bus_bandwidth_gb_s": bus}
+
+    both = {
+        "set_visible_devices": placement({"P2P/CUMEM/read": 24}, 351.0),
+        "cuda_visible_devices": placement({"SHM/direct/direct": 24}, 20.25),
+    }
+    assert gpu_check.p2p_verdict(both) == (
+        "P2P with set_visible_devices only (set_visible_devices: P2P/CUMEM/read, bus 351.0 "
+        "GB/s; cuda_visible_devices: SHM/direct/direct, bus 20.2 GB/s)"
+    )
+    both["cuda_visible_devices"] = placement({"P2P/IPC": 24}, 350.0)
+    assert gpu_check.p2p_verdict(both).startswith(
+        "P2P with set_visible_devices and cuda_visible_devices ("
+    )
+    shm = {"set_visible_devices": placement({"SHM/direct/direct": 2}, 9.0)}
+    shm["cuda_visible_devices"] = {"status": "not run", "why": "the check's time was spent"}
+    assert gpu_check.p2p_verdict(shm) == (
+        "no P2P with set_visible_devices (set_visible_devices: SHM/direct/direct, bus 9.0 "
+        "GB/s; cuda_visible_devices: not run)"
+    )
+    unseen = {"set_visible_devices": placement("not seen (...)", 1.0)}
+    assert gpu_check.p2p_verdict(unseen).startswith("not seen: no NCCL_DEBUG=INFO connection")
+
+
+def test_the_all_reduce_worker_builds_its_strategy_as_train_does(gpu_check):
+    """Through make_strategy, which gives TensorFlow the worker's share (set_visible_devices)
+    before it builds the strategy; NCCL between GPUs, ring in the rehearsal."""
+    script = gpu_check.ALL_REDUCE_SCRIPT
+    compile(script, "all_reduce", "exec")
+    assert 'make_strategy("multi_worker", CommunicationConfig("nccl" if nccl else "ring"' in script
+    assert "MultiWorkerMirroredStrategy(" not in script and "set_visible_devices" not in script
+    assert script.index("import_tensorflow()") < script.index("make_strategy(")
+
+
+def test_both_placements_are_timed_within_the_checks_time(gpu_check, monkeypatch):
+    """Each placement gets an equal part of what is left (all of it to the default one where
+    a part is too short); one that hangs to its limit leaves the other its part; the
+    top-level figures are the default placement's."""
+    clock = [1000.0]
+    runs = []
+
+    def run_together(command, environments, seconds):
+        placement = "set_visible_devices" if WORKER_GPUS in environments[0] else "cuda_vis"
+        runs.append((placement, round(seconds, 3), [env.get(WORKER_GPUS) for env in environments]))
+        clock[0] += seconds if placement == "set_visible_devices" else 1.0  # the first hangs
+        line = "gpu8:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct\n"
+        measured = {"replicas": 2, "seconds": [0.01] * 10, "chain": 5, "value_correct": True,
+                    "gpu_assignment": "cuda", "cuda_gpus": 1, "tensorflow_gpus": 1}  # fmt: skip
+        hung = {"ok": False, "code": None, "stdout": line, "stderr": "did not finish within",
+                "stderr_all": "did not finish within"}  # fmt: skip
+        done = {"ok": True, "code": 0, "stdout": f"{line}{json.dumps(measured)}\n", "stderr": "",
+                "stderr_all": ""}  # fmt: skip
+        return [hung if placement == "set_visible_devices" else done for _ in environments]
+
+    monkeypatch.setattr(gpu_check, "run_together", run_together)
+    fake_time = SimpleNamespace(monotonic=lambda: clock[0], time=time.time)  # this module's
+    monkeypatch.setattr(gpu_check, "time", fake_time)
+    result = gpu_check.check_all_reduce(False, ["0", "1"], 60.0)
+    assert runs == [("set_visible_devices", 30.0, ["0", "1"]), ("cuda_vis", 30.0, [None, None])]
+    placements = result["placements"]
+    assert list(placements) == ["set_visible_devices", "cuda_visible_devices"]
+    assert placements["set_visible_devices"]["status"] == "failed"
+    assert placements["cuda_visible_devices"]["bus_bandwidth_gb_s"] == pytest.approx(
+        2**28 / 0.01 / 1e9
+    )
+    assert result["status"] == "failed" and result["why"].startswith("set_visible_devices: did")
+    assert result["default_placement"] == "set_visible_devices" and "replicas" not in result
+    assert result["p2p"].startswith("no P2P with set_visible_devices or cuda_visible_devices")
+    assert placements["cuda_visible_devices"]["worker_gpus"] == [
+        "CUDA_VISIBLE_DEVICES='0'", "CUDA_VISIBLE_DEVICES='1'"
+    ]  # fmt: skip
+    runs.clear()
+    clock[0] = 1000.0
+    late = gpu_check.check_all_reduce(False, ["0", "1"], 9.0)  # 4.5 s each: all to the first
+    assert runs == [("set_visible_devices", 9.0, ["0", "1"])]
+    assert late["placements"]["cuda_visible_devices"]["status"] == "not run"
+    mig = gpu_check.check_all_reduce(False, ["MIG-a", "MIG-b"], 60.0)
+    assert list(mig["placements"]) == ["cuda_visible_devices"]  # no CUDA IPC between them
+    assert mig["status"] == "passed" and mig["default_placement"] == "cuda_visible_devices"
+
+
+def test_workers_run_together_write_freely_and_are_ended_by_the_time_limit(gpu_check):
+    """Output to files, not pipes: a worker writing more than a pipe holds while its peer
+    waits does not stall them; a worker past the limit is killed and says so."""
+    chatty = [sys.executable, "-c", "import sys; sys.stdout.write('x' * 300_000 + '\\nok\\n')"]
+    start = time.monotonic()
+    results = gpu_check.run_together(chatty, [dict(os.environ)] * 2, 60)
+    assert [r["ok"] for r in results] == [True, True] and time.monotonic() - start < 30
+    assert all(r["stdout"].endswith("ok\n") and len(r["stdout"]) > 300_000 for r in results)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    (late,) = gpu_check.run_together(sleeper, [dict(os.environ)], 1)
+    assert late["code"] is None and "did not finish within 1 s" in late["stderr"]

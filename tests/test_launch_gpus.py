@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from hpcai500_tf import config, launch
+from hpcai500_tf.benchmark_layers import WORKER_GPUS
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.launch import GPU_PLACEMENT
 
 EIGHT_GPUS = [str(index) for index in range(8)]
 SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"
@@ -20,21 +22,68 @@ SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"
 # ------------------------------------------------------------------ the --workers launcher
 
 
-def test_eight_gpus_among_four_workers_two_each():
+def test_eight_gpus_among_four_workers_two_each_every_worker_seeing_all():
+    """Every worker sees every GPU (NCCL's peer-to-peer path between local workers needs the
+    peer's GPU visible on some versions) and gets its share as positions to compute on."""
     environments = launch.worker_environments(4, EIGHT_GPUS, {"PATH": "/bin"}, cpus=16)
-    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == [
-        f"{2 * i},{2 * i + 1}" for i in range(4)
-    ]
+    assert [env[WORKER_GPUS] for env in environments] == [f"{2 * i},{2 * i + 1}" for i in range(4)]
     for env in environments:
+        assert "CUDA_VISIBLE_DEVICES" not in env  # left unset: every GPU of the node
         assert env["PATH"] == "/bin" and env["TF_NUM_INTRAOP_THREADS"] == "4"
+    assert launch.gpu_shares(environments, EIGHT_GPUS) == (
+        2,
+        "GPUs 0,1 | 2,3 | 4,5 | 6,7 by tf.config.set_visible_devices, each worker seeing every GPU",
+    )
 
 
-def test_an_existing_cuda_visible_devices_list_is_split():
+def test_an_existing_cuda_visible_devices_list_is_kept_whole_and_its_positions_split():
     base = {"CUDA_VISIBLE_DEVICES": "3,5"}
     gpus = cluster.visible_gpus(base, count=8)
     assert gpus == ["3", "5"]
     environments = launch.worker_environments(2, gpus, base, cpus=2)
-    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["3", "5"]
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["3,5", "3,5"]
+    assert [env[WORKER_GPUS] for env in environments] == ["0", "1"]
+    assert launch.gpu_shares(environments, gpus)[1] == (
+        "GPUs 3 | 5 by tf.config.set_visible_devices, each worker seeing CUDA_VISIBLE_DEVICES=3,5"
+    )
+
+
+def test_cuda_visible_devices_placement_gives_each_worker_only_its_share():
+    base = {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
+    base[GPU_PLACEMENT] = "cuda_visible_devices"
+    gpus = cluster.visible_gpus(base, count=4)
+    environments = launch.worker_environments(2, gpus, base, cpus=2)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["GPU-a,GPU-b", "GPU-c,GPU-d"]
+    assert not any(WORKER_GPUS in env for env in environments)
+    assert launch.gpu_shares(environments, gpus) == (
+        2,
+        "CUDA_VISIBLE_DEVICES GPU-a,GPU-b | GPU-c,GPU-d",
+    )
+
+
+def test_mig_instances_are_given_as_cuda_visible_devices():
+    """MIG instances have no CUDA IPC: there is no peer-to-peer path to keep."""
+    base = {"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}
+    environments = launch.worker_environments(2, cluster.visible_gpus(base, count=1), base, cpus=2)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["MIG-a", "MIG-b"]
+    assert not any(WORKER_GPUS in env for env in environments)
+
+
+def test_an_unknown_gpu_placement_is_one_line_naming_both():
+    with pytest.raises(UserError) as refused:
+        launch.worker_environments(2, EIGHT_GPUS, {GPU_PLACEMENT: "mps"})
+    assert str(refused.value).startswith("HPCAI500_GPU_PLACEMENT='mps': use set_visible_devices")
+    assert "cuda_visible_devices" in str(refused.value)
+
+
+def test_a_share_already_in_the_environment_is_split_not_replaced():
+    base = {WORKER_GPUS: "4,5,6,7"}
+    environments = launch.worker_environments(2, EIGHT_GPUS, base, cpus=2)
+    assert [env[WORKER_GPUS] for env in environments] == ["4,5", "6,7"]
+    with pytest.raises(UserError, match="does not divide the 4 GPUs of HPCAI500_WORKER_GPUS"):
+        launch.worker_environments(3, EIGHT_GPUS, base)
+    with pytest.raises(UserError, match=r"HPCAI500_WORKER_GPUS='7,8' names a GPU beyond the 8"):
+        launch.worker_environments(2, EIGHT_GPUS, {WORKER_GPUS: "7,8"})
 
 
 def test_without_gpus_only_threads_are_split_as_before():
@@ -111,6 +160,134 @@ def test_launch_refuses_nccl_without_gpus_before_any_worker_starts(monkeypatch, 
     assert message.endswith("use auto or ring on CPU")
 
 
+def test_launch_starts_each_worker_with_every_gpu_and_its_share_and_says_so(
+    monkeypatch, tmp_path, capsys
+):
+    started = []
+
+    def start(command, env, stdout, stderr):
+        started.append(env)
+        return SimpleNamespace(poll=lambda: 0)
+
+    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", WORKER_GPUS, GPU_PLACEMENT):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cluster, "visible_gpus", lambda: EIGHT_GPUS[:4])
+    monkeypatch.setattr(launch.subprocess, "Popen", start)
+    setup = config.prepare("image_classification", "tiny", [])
+    assert launch.launch(setup, [], 2, tmp_path / "runs") == 0
+    assert [(env.get("CUDA_VISIBLE_DEVICES"), env[WORKER_GPUS]) for env in started] == [
+        (None, "0,1"),
+        (None, "2,3"),
+    ]
+    line = capsys.readouterr().out
+    shares = "GPUs 0,1 | 2,3 by tf.config.set_visible_devices, each worker seeing every GPU"
+    assert "(2 GPU(s) and " in line and f"; {shares})" in line
+
+
+# ------------------------------------------------------------ a worker's share, in TensorFlow
+
+
+class FakeTFConfig:
+    """tf.config's device calls on a node of `count` GPUs, recording set_visible_devices."""
+
+    def __init__(self, count: int, started: bool = False):
+        self.gpus = [SimpleNamespace(name=f"/physical_device:GPU:{i}") for i in range(count)]
+        self.visible = list(self.gpus)
+        self.started, self.calls = started, []
+
+    def list_physical_devices(self, kind=None):
+        return list(self.gpus) if kind == "GPU" else []
+
+    def get_visible_devices(self, kind=None):
+        return list(self.visible)
+
+    def set_visible_devices(self, devices, kind=None):
+        self.calls.append(([device.name for device in devices], kind))
+        if self.started and devices != self.visible:
+            raise RuntimeError("Visible devices cannot be modified after being initialized")
+        self.visible = list(devices)
+
+
+@pytest.fixture
+def fake_tf_config(monkeypatch):
+    import tensorflow as tf
+
+    def install(count: int, started: bool = False) -> FakeTFConfig:
+        fake = FakeTFConfig(count, started)
+        for name in ("list_physical_devices", "get_visible_devices", "set_visible_devices"):
+            monkeypatch.setattr(tf.config, name, getattr(fake, name))
+        return fake
+
+    return install
+
+
+def test_a_workers_share_is_given_to_tensorflow_with_set_visible_devices(fake_tf_config):
+    from hpcai500_tf.engine import strategy
+
+    fake = fake_tf_config(8)
+    assignment = strategy.restrict_to_worker_gpus({WORKER_GPUS: "2,3"})
+    assert fake.calls == [(["/physical_device:GPU:2", "/physical_device:GPU:3"], "GPU")]
+    assert assignment == (
+        "tf.config.set_visible_devices: GPUs 2,3 of the 8 CUDA makes visible to every worker "
+        "(HPCAI500_WORKER_GPUS)"
+    )
+    fake = fake_tf_config(2)
+    assert strategy.restrict_to_worker_gpus({}) == (
+        "CUDA_VISIBLE_DEVICES: the 2 GPUs CUDA makes visible to this process"
+    )
+    assert fake.calls == []  # no share: every GPU TensorFlow sees
+    fake = fake_tf_config(0)  # TensorFlow sees none: check_devices says why, not this
+    assert strategy.restrict_to_worker_gpus({WORKER_GPUS: "0"}) is None and fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "share, started, message",
+    [
+        ("6,7", False, "HPCAI500_WORKER_GPUS='6,7' names a GPU beyond the 4 CUDA makes "
+         "visible here (positions from 0) (TensorFlow sees 4)"),
+        ("1,1", False, "HPCAI500_WORKER_GPUS='1,1' names a GPU twice (TensorFlow sees 4)"),
+        ("GPU-a", False, "HPCAI500_WORKER_GPUS='GPU-a' is not a list of GPU positions "
+         "such as 2,3 (TensorFlow sees 4)"),
+        ("2,3", True, "HPCAI500_WORKER_GPUS='2,3': TensorFlow's GPU runtime had already "
+         "started, so this worker cannot be restricted to its GPUs "
+         "(tf.config.set_visible_devices must run before any op)"),
+    ],
+)  # fmt: skip
+def test_a_share_that_cannot_be_applied_is_one_line(fake_tf_config, share, started, message):
+    # a share set by hand under srun is refused by the resolver (tests/test_slurm.py)
+    from hpcai500_tf.engine import strategy
+
+    fake_tf_config(4, started)
+    with pytest.raises(UserError) as refused:
+        strategy.restrict_to_worker_gpus({WORKER_GPUS: share})
+    assert str(refused.value) == message
+
+
+def test_the_share_is_applied_before_the_strategy_is_built_and_recorded_in_l3(
+    monkeypatch, fake_tf_config
+):
+    import tensorflow as tf
+
+    from hpcai500_tf.config import CommunicationConfig
+    from hpcai500_tf.engine import strategy
+
+    fake = fake_tf_config(8)
+    monkeypatch.setenv(WORKER_GPUS, "4,5")
+    monkeypatch.setattr(cluster, "cluster_resolver", lambda: (None, cluster.SINGLE_WORKER))
+    seen = []
+
+    def build(**options):
+        seen.append([device.name for device in fake.visible])
+        return SimpleNamespace(options=options)
+
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", build)
+    built = strategy.make_strategy("multi_worker", CommunicationConfig("auto", 0.0, 0.0))
+    assert seen == [["/physical_device:GPU:4", "/physical_device:GPU:5"]]
+    assert built.hpcai500_collective == "nccl"  # TensorFlow computes on GPUs
+    facts, _, _ = strategy.describe(built, "default")
+    assert facts["gpu_assignment"].startswith("tf.config.set_visible_devices: GPUs 4,5 of the 8")
+
+
 # ------------------------------------------------------------------- the collective (L3)
 
 
@@ -174,20 +351,24 @@ def test_l3_records_the_resolved_implementation_and_the_request():
 
 def _slurm_task_on_gpu_node(monkeypatch, node_gpus: int, environment: dict[str, str]) -> None:
     """This process as one Slurm task (no TF_CONFIG) on a node of `node_gpus` GPUs, with
-    `environment` as Slurm set it."""
+    `environment` as Slurm set it; the share the resolver sets is unset after the test."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv(WORKER_GPUS, "")  # so that monkeypatch restores it
+    monkeypatch.delenv(WORKER_GPUS)
     monkeypatch.setattr(cluster, "node_gpu_count", lambda: node_gpus)
     for key, value in {"SLURM_JOB_ID": "42", **environment}.items():
         monkeypatch.setenv(key, value)
 
 
 @pytest.mark.parametrize(
-    "nodes, tasks_per_node, host, local_id, expected",
-    [("node[1-2]", "1(x2)", "node2", "0", "4,5,6,7"), ("node1", "2", "node1", "1", "6,7")],
+    "nodes, tasks_per_node, host, local_id, share, count",
+    [("node[1-2]", "1(x2)", "node2", "0", None, 4), ("node1", "2", "node1", "1", "2,3", 2)],
 )
 def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
-    monkeypatch, nodes, tasks_per_node, host, local_id, expected
+    monkeypatch, nodes, tasks_per_node, host, local_id, share, count
 ):
+    """Alone on its node, every GPU granted; beside another task on it, its slice (GPUs 6 and
+    7) as positions in the grant, which stays whole as with `--workers N`."""
     environment = {
         "CUDA_VISIBLE_DEVICES": "4,5,6,7",  # granted by Slurm, numbered as on the node
         "SLURM_PROCID": "1",
@@ -202,8 +383,9 @@ def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
     _slurm_task_on_gpu_node(monkeypatch, 8, environment)
     resolver, found = cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 1
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
-    assert resolver.num_accelerators()["GPU"] == len(expected.split(","))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert os.environ.get(WORKER_GPUS) == share
+    assert resolver.num_accelerators()["GPU"] == count
 
 
 @pytest.mark.parametrize("gpu_binding", [{"SLURM_GPUS_PER_TASK": "1"}, {}])
@@ -225,7 +407,7 @@ def test_a_slurm_task_bound_to_one_gpu_uses_it(monkeypatch, gpu_binding):
     _slurm_task_on_gpu_node(monkeypatch, 8, environment)
     resolver, found = cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 13
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5" and WORKER_GPUS not in os.environ
     assert resolver.num_accelerators() == {"GPU": 1}
     workers = resolver.cluster_spec().as_dict()["worker"]
     assert workers[13] == f"gpu9:{20000 + 42 * 16 + 5}" and workers[7].startswith("gpu8:")

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from hpcai500_tf import slurm
+from hpcai500_tf.benchmark_layers import WORKER_GPUS
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 
@@ -405,6 +406,7 @@ def test_the_cluster_plan_of_tf_config_and_of_a_single_worker():
 
 def test_the_resolver_lists_the_workers_in_slurms_order_with_this_tasks_gpus(monkeypatch):
     pytest.importorskip("tensorflow")
+    _forget_share_afterwards(monkeypatch)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
     environ = _env(procid=2, SLURMD_NODENAME="gpu10", SLURM_LOCALID="0")
@@ -422,6 +424,87 @@ def test_the_resolver_lists_the_workers_in_slurms_order_with_this_tasks_gpus(mon
     }
     assert resolver.num_accelerators() == {"GPU": 8}
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert WORKER_GPUS not in os.environ  # alone on its node: every GPU it sees is its own
     # 8 CPUs for 8 GPUs: a warning the run records, not a refusal
     (warning,) = resolver.hpcai500_warnings
     assert warning.startswith("Slurm gave this task 8 CPUs (SLURM_CPUS_PER_TASK) for 8 GPU(s)")
+
+
+def _forget_share_afterwards(monkeypatch):
+    """Unset HPCAI500_WORKER_GPUS now and again after the test (the resolver sets it in
+    os.environ, which monkeypatch restores only for variables it touched)."""
+    monkeypatch.setenv(WORKER_GPUS, "")
+    monkeypatch.delenv(WORKER_GPUS)
+
+
+def test_the_resolver_gives_a_task_sharing_its_node_its_slice_as_positions(monkeypatch):
+    """Two unbound tasks on a node of 8 GPUs, Slurm granting 4-7 to both: task 1 computes on
+    6 and 7, given as positions 2,3 in CUDA's list, which stays whole (NCCL then sees the
+    other task's GPUs, as with `--workers N`); two replicas, one per GPU of its own."""
+    pytest.importorskip("tensorflow")
+    _forget_share_afterwards(monkeypatch)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
+    environ = _env("node1", "2", 2, 1, SLURMD_NODENAME="node1", SLURM_LOCALID="1")
+    environ |= {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "SLURM_CPUS_PER_TASK": "16"}
+    environ["HPCAI500_SLURM_PORT_BASE"] = str(slurm.PORT_FIRST)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(slurm, "port_free", lambda port: True)
+    resolver, found = cluster.cluster_resolver()
+    assert found == "Slurm" and resolver.task_id == 1
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert os.environ[WORKER_GPUS] == "2,3"
+    assert resolver.num_accelerators() == {"GPU": 2}
+    again, _ = cluster.cluster_resolver()  # the share it set is its own: not refused
+    assert os.environ[WORKER_GPUS] == "2,3" and again.num_accelerators() == {"GPU": 2}
+
+
+def _placed(environ, visible, node_gpus, local, tasks):
+    environ = {**_env("node1", str(tasks), tasks, local, SLURM_LOCALID=str(local)), **environ}
+    environ["SLURM_CPUS_PER_TASK"] = "32"
+    task = _task(environ, visible, node_gpus)
+    return task, cluster.slurm_gpu_variables(environ, task, list(visible))
+
+
+@pytest.mark.parametrize(
+    "visible, node_gpus, local, tasks, expected",
+    [
+        (EIGHT, 8, 0, 1, {}),  # alone on its node: every GPU it sees
+        (["3"], 8, 3, 8, {}),  # bound by Slurm (--gpus-per-task=1, --gpu-bind): left as it is
+        (["4", "5"], 8, 1, 2, {}),  # bound: two GPUs each
+        (EIGHT, 8, 1, 2, {WORKER_GPUS: "4,5,6,7"}),  # unbound, CUDA_VISIBLE_DEVICES unset
+        (["4", "5", "6", "7"], 8, 1, 2, {WORKER_GPUS: "2,3"}),  # positions in Slurm's grant
+        (EIGHT, 8, 3, 4, {WORKER_GPUS: "6,7"}),
+        (["GPU-a", "GPU-b", "GPU-c", "GPU-d"], 4, 0, 2, {WORKER_GPUS: "0,1"}),
+        ([], 0, 1, 2, {}),  # CPU nodes
+    ],
+)
+def test_a_slurm_task_is_kept_to_its_gpus_by_the_fewest_variables(
+    visible, node_gpus, local, tasks, expected
+):
+    _, variables = _placed({}, visible, node_gpus, local, tasks)
+    assert variables == expected
+
+
+def test_a_slurm_task_can_be_given_its_slice_as_cuda_visible_devices():
+    """HPCAI500_GPU_PLACEMENT=cuda_visible_devices (as for `--workers N`), and MIG instances,
+    which have no peer-to-peer path to keep: the slice is the task's CUDA_VISIBLE_DEVICES."""
+    placement = {"HPCAI500_GPU_PLACEMENT": "cuda_visible_devices"}
+    task, variables = _placed(placement, EIGHT, 8, 1, 2)
+    assert variables == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"} and task.gpus == tuple(EIGHT[4:])
+    mig = [f"MIG-{index}" for index in range(4)]
+    _, variables = _placed({}, mig, 4, 1, 2)
+    assert variables == {"CUDA_VISIBLE_DEVICES": "MIG-2,MIG-3"}
+    with pytest.raises(UserError, match=r"^HPCAI500_GPU_PLACEMENT='mps': use set_visible_dev"):
+        _placed({"HPCAI500_GPU_PLACEMENT": "mps"}, EIGHT, 8, 0, 1)
+
+
+@pytest.mark.parametrize("visible, local, tasks", [(EIGHT, 0, 1), (["3"], 3, 8), (EIGHT, 1, 2)])
+def test_a_share_set_by_hand_under_srun_is_refused_in_one_line(visible, local, tasks):
+    with pytest.raises(UserError) as refused:
+        _placed({WORKER_GPUS: "0"}, visible, 8, local, tasks)
+    assert str(refused.value) == (
+        "HPCAI500_WORKER_GPUS='0' is set under srun, where Slurm hands out the GPUs: unset it "
+        "(it is `--workers N`'s share of a node's GPUs for one worker)"
+    )

@@ -12,7 +12,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import amd_gpus, cuda_visible_gpus, nvml_text
+from hpcai500_tf.benchmark_layers import (
+    WORKER_GPUS,
+    amd_gpus,
+    computing_gpus,
+    gpu_selection,
+    nvml_text,
+)
 
 # Where Linux exposes RAPL; HPCAI500_POWERCAP_ROOT points elsewhere (a container that mounts
 # the host's sysfs under another path).
@@ -71,8 +77,9 @@ def _uuid(nvml, handle) -> str:
 
 
 def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
-    """One source per GPU this run uses: those CUDA_VISIBLE_DEVICES names (indices or GPU
-    UUIDs, read as CUDA reads them), every GPU when it is unset. The note names the GPUs left
+    """One source per GPU this run computes on: those CUDA_VISIBLE_DEVICES names (indices or
+    GPU UUIDs, read as CUDA reads them), every GPU when it is unset, narrowed to this worker's
+    share where HPCAI500_WORKER_GPUS is set (`--workers N`). The note names the GPUs left
     out and anything in the variable that is no GPU here; MIG instances are out of scope (no
     GPU source: a board's counter would count the other instances too). Sources are named by
     NVML index ("gpu2"), which is the same whatever the variable says, and carry the GPU's UUID
@@ -93,18 +100,19 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
         return [], "NVML reports no GPU"
     handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
     models = [nvml_text(nvml.nvmlDeviceGetName(handle)) for handle in handles]
-    environment = os.environ.get("CUDA_VISIBLE_DEVICES")
     uuids = [_uuid(nvml, handle) for handle in handles]
-    chosen, problem = cuda_visible_gpus(environment, uuids)
+    chosen, problem = computing_gpus(os.environ, uuids)
     if chosen is None:
         return [], problem
     sources = [_nvml_source(nvml, i, handles[i], models[i], uuids[i]) for i in chosen]
     left_out = [f"gpu{i} ({models[i]})" for i in range(count) if i not in chosen]
     notes = [problem] if problem else []
     if left_out:
+        # a worker's share: the other workers count the rest (the chief gathers them)
+        whose = "this worker computes on" if WORKER_GPUS in os.environ else "this run uses"
         notes.append(
-            f"{', '.join(left_out)} left out: not among the GPUs this run uses "
-            f"(CUDA_VISIBLE_DEVICES={environment!r})"
+            f"{', '.join(left_out)} left out: not among the GPUs {whose} "
+            f"({gpu_selection(os.environ)})"
         )
     return sources, "; ".join(notes) or None
 

@@ -6,7 +6,10 @@ Slurm's own order by `hpcai500_tf.slurm`). Both are checked before TensorFlow se
 malformed cluster is one clear line; `cluster_plan` shows it without TensorFlow.
 
 GPUs are handed out as `CUDA_VISIBLE_DEVICES` entries: the node's GPUs by index, or the list
-already in that variable (Slurm's grant, a user's choice), which is split, never replaced.
+already in that variable (Slurm's grant, a user's choice), which is split, never replaced. A
+Slurm task that shares its node's GPUs with the node's other tasks gets its slice as positions
+in that list (`HPCAI500_WORKER_GPUS`, as `--workers N` gives them), the list left whole so
+that NCCL sees the peers' GPUs; a task Slurm bound GPUs to keeps Slurm's list as it is.
 
 A worker waiting for a peer that never arrives blocks inside TensorFlow with the interpreter
 lock held and SIGTERM ignored: no Python thread or signal handler can end it. `JoinWatchdog`
@@ -25,6 +28,7 @@ import sys
 from collections.abc import Mapping
 
 from hpcai500_tf import benchmark_layers
+from hpcai500_tf.benchmark_layers import WORKER_GPUS
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.slurm import SlurmCluster, check_port_free, port_free
 
@@ -168,10 +172,49 @@ def slurm_cluster(
     return SlurmCluster.from_environment(environ, visible_gpus(environ, node_gpus), node_gpus)
 
 
+def slurm_gpu_variables(
+    environ: Mapping[str, str], task: SlurmCluster, visible: list[str]
+) -> dict[str, str]:
+    """The variables that keep a Slurm task to its GPUs (`task.gpus`, cut from `visible`, the
+    CUDA_VISIBLE_DEVICES entries it sees). None where it computes on all it sees: alone on its
+    node, or bound by Slurm (--gpus-per-task, --gpu-bind), whose CUDA_VISIBLE_DEVICES is this
+    task's already. For its slice of GPUs its node's tasks share: the slice's positions in
+    CUDA's list as WORKER_GPUS, CUDA_VISIBLE_DEVICES left as Slurm set it (every task sees
+    every GPU, as with `--workers N`); or the slice as CUDA_VISIBLE_DEVICES with
+    HPCAI500_GPU_PLACEMENT=cuda_visible_devices, the default for MIG instances. A share set
+    already, other than this task's, is refused: Slurm hands out the GPUs here."""
+    from hpcai500_tf.launch import GPU_PLACEMENT, PLACEMENTS  # launch imports this module
+
+    mig = any(entry.startswith("MIG-") for entry in visible)
+    placement = environ.get(GPU_PLACEMENT) or PLACEMENTS[1 if mig else 0]
+    if placement not in PLACEMENTS:
+        raise UserError(
+            f"{GPU_PLACEMENT}={placement!r}: use set_visible_devices (the default: every "
+            "task sees every GPU of its node and TensorFlow computes on its share) or "
+            "cuda_visible_devices (each task sees only its share)"
+        )
+    variables = {}
+    if task.gpus and tuple(visible) != task.gpus:  # a slice (slurm.gpu_share), by local index
+        if placement == "cuda_visible_devices":
+            variables["CUDA_VISIBLE_DEVICES"] = ",".join(task.gpus)
+        else:
+            start = task.local_index * len(task.gpus)
+            positions = range(start, start + len(task.gpus))
+            variables[WORKER_GPUS] = ",".join(map(str, positions))
+    share = environ.get(WORKER_GPUS)
+    if share is not None and share != variables.get(WORKER_GPUS):
+        raise UserError(
+            f"{WORKER_GPUS}={share!r} is set under srun, where Slurm hands out the GPUs: "
+            "unset it (it is `--workers N`'s share of a node's GPUs for one worker)"
+        )
+    return variables
+
+
 def cluster_resolver():
     """(resolver or None, how the cluster was found). TF_CONFIG first, then Slurm, whose task
-    gets its share of the GPUs as CUDA_VISIBLE_DEVICES; its CPU warning, if any, is the
-    resolver's `hpcai500_warnings`."""
+    is kept to its share of the GPUs (`slurm_gpu_variables`, set in os.environ for
+    `strategy.restrict_to_worker_gpus`, CUDA and the energy count); its CPU warning, if any,
+    is the resolver's `hpcai500_warnings`."""
     import tensorflow as tf
 
     text = os.environ.get("TF_CONFIG")
@@ -181,16 +224,18 @@ def cluster_resolver():
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(), "TF_CONFIG"
     if not under_slurm():
         return None, SINGLE_WORKER
-    task = slurm_cluster()
+    node_gpus = node_gpu_count()
+    visible = visible_gpus(os.environ, node_gpus)
+    task = slurm_cluster(os.environ, node_gpus)
     task.check_port()
-    if task.gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(task.gpus)
+    os.environ.update(slurm_gpu_variables(os.environ, task, visible))
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": list(task.addresses)}),
         task_type="worker",
         task_id=task.index,
         rpc_layer="grpc",
-        # MultiWorkerMirroredStrategy runs one replica per GPU counted here (CPU where none)
+        # MultiWorkerMirroredStrategy runs one replica per GPU counted here (CPU where none):
+        # the task's own, however they are kept to it
         num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
     )
     resolver.hpcai500_warnings = [task.warning] if task.warning else []

@@ -9,7 +9,7 @@ On a GPU for which TensorFlow's binary holds no compiled kernels (SASS), CUDA co
 from PTX on first use: minutes that look like a hang. That is announced before the first step.
 
 The checks are pure functions of plain values; `check_devices` gathers those from NVML,
-CUDA_VISIBLE_DEVICES, TensorFlow and the strategy.
+CUDA_VISIBLE_DEVICES, this worker's share (HPCAI500_WORKER_GPUS), TensorFlow and the strategy.
 """
 
 from __future__ import annotations
@@ -57,14 +57,13 @@ def gpu_check(visible: int, tensorflow_gpus: int, allow_cpu: bool) -> str | None
 
 def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
     """The GPUs this process may use: NVML's, narrowed by CUDA_VISIBLE_DEVICES as CUDA reads
-    it. MIG instances are not resolved to GPUs: where they are named, at least one."""
+    it and to this worker's share (HPCAI500_WORKER_GPUS, `--workers N`). MIG instances are not
+    resolved to GPUs: where they are named, at least one."""
     environ = os.environ if environ is None else environ
     gpus, _, _ = benchmark_layers.nvidia_gpus()
     if not gpus:
         return 0
-    indices, _ = benchmark_layers.cuda_visible_gpus(
-        environ.get("CUDA_VISIBLE_DEVICES"), [gpu["uuid"] for gpu in gpus]
-    )
+    indices, _ = benchmark_layers.computing_gpus(environ, [gpu["uuid"] for gpu in gpus])
     return 1 if indices is None else len(indices)
 
 
@@ -177,7 +176,7 @@ def check_devices(strategy, allow_cpu: bool, view=None, policy: str = "float32")
     Returns the warnings for the record."""
     import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = tf.config.get_visible_devices("GPU")  # this worker's share where one was set
     used = devices_used(strategy, len(gpus))
     # A strategy computing on no GPU is the same fallback as TensorFlow seeing none.
     computing = len(gpus) if any(device_kind(device) == "GPU" for device in used) else 0

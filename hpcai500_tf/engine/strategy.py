@@ -3,12 +3,21 @@
 Between workers the collective implementation is chosen here, not left to TensorFlow, whose
 AUTO means ring all-reduce over gRPC between workers even on GPUs: `auto` is NCCL where
 TensorFlow sees a GPU and ring otherwise, and the implementation used is recorded in L3.
+
+A worker of `--workers N` sees every GPU CUDA makes visible and gets its share of them in
+HPCAI500_WORKER_GPUS (positions in that list): TensorFlow is restricted to the share by
+tf.config.set_visible_devices before its GPU runtime starts, so CUDA (and NCCL) still see the
+peers' GPUs. L3's `gpu_assignment` says how worker 0's GPUs were chosen.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import tensorflow as tf
 
+from hpcai500_tf.benchmark_layers import WORKER_GPUS, worker_gpu_positions
 from hpcai500_tf.config import CommunicationConfig
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
@@ -23,15 +32,19 @@ def make_strategy(
     name: str, communication: CommunicationConfig | None = None
 ) -> tf.distribute.Strategy:
     if name == "default":
+        restrict_to_worker_gpus()
         return tf.distribute.get_strategy()
     if name == "mirrored":
+        restrict_to_worker_gpus()
         return tf.distribute.MirroredStrategy()
     if name == "multi_worker":
         communication = communication or CommunicationConfig("auto", 0.0, 0.0)
-        # The resolver first (under Slurm it narrows CUDA_VISIBLE_DEVICES), then the GPUs
-        # TensorFlow sees, then the strategy, which waits for every worker.
+        # The resolver first (under Slurm it sets this task's share of the GPUs its node's
+        # tasks share), then this worker's share of the GPUs, then the GPUs TensorFlow computes
+        # on, then the strategy, which waits for every worker.
         resolver, found = cluster.cluster_resolver()
-        gpus = tf.config.list_physical_devices("GPU")
+        assignment = restrict_to_worker_gpus()
+        gpus = tf.config.get_visible_devices("GPU")
         collective = cluster.resolve_collective(communication.collective, gpus)
         # No timeout on the collectives themselves: TensorFlow then starts a timer thread per
         # collective op that lives for the whole timeout (tens of thousands of threads at a few
@@ -56,8 +69,42 @@ def make_strategy(
         strategy.hpcai500_cluster_warnings = list(getattr(resolver, "hpcai500_warnings", []))
         strategy.hpcai500_collective = collective
         strategy.hpcai500_collective_requested = communication.collective
+        strategy.hpcai500_gpu_assignment = assignment
         return strategy
     raise UserError(f"unknown strategy '{name}'")
+
+
+def restrict_to_worker_gpus(environ: Mapping[str, str] | None = None) -> str | None:
+    """Restrict TensorFlow to this worker's share of the GPUs (WORKER_GPUS, positions in the
+    list CUDA makes visible, set by `--workers N` or, for Slurm tasks sharing a node's GPUs,
+    by `cluster.cluster_resolver`) with tf.config.set_visible_devices, leaving every GPU
+    visible to CUDA; call before TensorFlow's GPU runtime starts. Returns how this process's
+    GPUs were chosen, for L3 (None where TensorFlow sees no GPU: `check_devices` says why). A
+    share that does not fit, or one set once the runtime has started, is a one-line
+    UserError."""
+    environ = os.environ if environ is None else environ
+    share = environ.get(WORKER_GPUS)
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    if share is None:
+        count = f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''}"
+        return f"CUDA_VISIBLE_DEVICES: the {count} CUDA makes visible to this process"
+    positions, problem = worker_gpu_positions(share, len(gpus))
+    if positions is None:
+        raise UserError(f"{problem} (TensorFlow sees {len(gpus)})")
+    try:
+        tf.config.set_visible_devices([gpus[position] for position in positions], "GPU")
+    except RuntimeError:
+        raise UserError(
+            f"{WORKER_GPUS}={share!r}: TensorFlow's GPU runtime had already started, so this "
+            "worker cannot be restricted to its GPUs (tf.config.set_visible_devices must run "
+            "before any op)"
+        ) from None
+    return (
+        f"tf.config.set_visible_devices: GPUs {','.join(map(str, positions))} of the "
+        f"{len(gpus)} CUDA makes visible to every worker ({WORKER_GPUS})"
+    )
 
 
 def watch_peers(cluster_spec: tf.train.ClusterSpec, timeout_s: float) -> None:
@@ -110,4 +157,7 @@ def describe(strategy: tf.distribute.Strategy, name: str) -> tuple[dict, int, in
         facts["cluster_from"] = source
     if addresses:  # the hosts the workers ran on, each once, in rank order (no ports)
         facts["nodes"] = list(dict.fromkeys(a.rpartition(":")[0] for a in addresses))
+    assignment = getattr(strategy, "hpcai500_gpu_assignment", None)
+    if assignment:  # worker 0's: every worker's share is as large, at its own positions
+        facts["gpu_assignment"] = assignment
     return facts, workers, index

@@ -54,7 +54,7 @@ def resolve(choice: str) -> str:
     sees one. A resolved name is returned as it is, so that tests and benchmarks can ask for
     either set on any device."""
     if choice == AUTO:
-        gpu = tf.config.list_physical_devices("GPU")
+        gpu = tf.config.get_visible_devices("GPU")  # a worker's share where one was set
         return GPU_FUSED_BATCH_NORM if gpu else CPU_WORKAROUNDS
     if choice in (STOCK, CPU_WORKAROUNDS, GPU_FUSED_BATCH_NORM):
         return choice
