@@ -1,12 +1,13 @@
-"""Reading the files a user names (records, logs, sidecars, meter logs, configs): a leaf module,
-imported by every reader, importing nothing of the project's but its error type."""
+"""Reading the files a user names (records, logs, sidecars, meter logs, configs, a run
+directory's files) and appending to logs: a leaf module, imported by every reader and writer,
+importing nothing of the project's but its error type."""
 
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from hpcai500_tf.errors import UserError
 
@@ -51,3 +52,15 @@ def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYT
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; a {what} is") from None
+
+
+def open_for_append(path: Path | str) -> TextIO:
+    """A log opened for appending (created with the umask's mode), never through a symbolic
+    link planted at `path`: one line (UserError) instead."""
+    if os.path.islink(path):
+        raise UserError(f"{path}: is a symbolic link; refusing to write a log through it")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    except OSError as error:
+        raise UserError(f"{path}: cannot open the log for writing ({error.strerror})") from None
+    return os.fdopen(fd, "a")

@@ -30,8 +30,8 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.benchmark_layers import WORKER_GPUS, worker_gpu_positions
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
-from hpcai500_tf.engine.mllog import open_for_append
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import open_for_append
 
 MAX_WORKERS = 128
 TERM_GRACE_S = 5.0

@@ -20,8 +20,8 @@ from pathlib import Path
 from hpcai500_tf.energy.integrate import RunningEnergy, energy_over
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import Source
-from hpcai500_tf.engine.mllog import open_for_append
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import open_for_append
 from hpcai500_tf.record import energy_not_measured
 
 MIN_HZ, MAX_HZ = 0.01, 1000.0  # a reading at least every 100 s, at most what a thread keeps up

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import open_for_append
 
 # This project's benchmark names and MLPerf's `submission_benchmark` for the same problem;
 # a benchmark MLPerf does not have keeps its own name in both directions.
@@ -29,18 +28,6 @@ def benchmark_from_mlperf(name: str) -> str:
     """This project's benchmark for a log's submission_benchmark."""
     ours = {mlperf: benchmark for benchmark, mlperf in MLPERF_BENCHMARK_NAMES.items()}
     return ours.get(name, name)
-
-
-def open_for_append(path: Path | str) -> TextIO:
-    """A log opened for appending (created with the umask's mode), never through a symbolic
-    link planted at `path`: one line (UserError) instead."""
-    if os.path.islink(path):
-        raise UserError(f"{path}: is a symbolic link; refusing to write a log through it")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
-    except OSError as error:
-        raise UserError(f"{path}: cannot open the log for writing ({error.strerror})") from None
-    return os.fdopen(fd, "a")
 
 
 class MLLogger:

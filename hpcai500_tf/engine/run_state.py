@@ -31,7 +31,7 @@ MAX_STATE_BYTES = 64 << 20  # a few hundred bytes an epoch: far more than any re
 PREFIX = re.compile(r"ckpt(?:-(\d+))?")  # ckpt-N, N epochs; ckpt (before they were numbered)
 
 # What a resume reads, appends to or replaces, and the kind each must be where it exists.
-# Logs are appended to and never followed through a symbolic link (see mllog.open_for_append).
+# Logs are appended to and never followed through a symbolic link (see files.open_for_append).
 RUN_FILES = {
     CONFIG_FILE: "file",
     STATE_FILE: "file",
