@@ -434,8 +434,16 @@ def run_layers(
 ) -> dict[str, dict]:
     """L6-L9 of a run, in terms every framework's runner shares (`setup`: config.Setup;
     `workload`: a workload, or the PyTorch runner's facts of one). `initial_loss_scale`: where
-    dynamic loss scaling ran (float16), the scale it started from; None where none ran."""
+    dynamic loss scaling ran (float16), the scale it started from; None where none ran. A
+    float16 run configured for a fixed scale (`optimizer.loss_scaling = "fixed"`) records it
+    as its initial scale."""
     t, o = setup.training, setup.optimizer
+    if initial_loss_scale:
+        loss_scaling = "dynamic"
+    elif precision == "mixed_float16" and o.loss_scaling == "fixed":
+        loss_scaling, initial_loss_scale = "fixed", o.loss_scale
+    else:
+        loss_scaling = "none"
     return {
         "L6": {
             "parallelism": "data_parallel",
@@ -457,15 +465,17 @@ def run_layers(
         "L8": {
             "optimizer": "sgd_momentum" if o.name == "sgd" else "lars",
             "momentum": o.momentum,
+            "momentum_form": o.momentum_form,  # tf1 | keras (config.MOMENTUM_FORMS)
             "weight_decay": o.weight_decay,
             "decay_all_variables": o.decay_all_variables,
             "label_smoothing": o.label_smoothing,
             "lr_schedule": f"warmup_{o.schedule}",
+            **({"cosine_start": o.cosine_start} if o.schedule == "cosine" else {}),
             "base_learning_rate": o.base_learning_rate,
             "peak_learning_rate": peak_learning_rate(o, global_batch),
             "warmup_epochs": o.warmup_epochs,
             # The precision policy is L7's `precision`; its loss scaling is the optimizer's.
-            "loss_scaling": "dynamic" if initial_loss_scale else "none",
+            "loss_scaling": loss_scaling,  # dynamic | fixed | none
             "initial_loss_scale": initial_loss_scale,
             "seed": t.seed,
             **({"lars_eta": o.lars_eta} if o.name == "lars" else {}),

@@ -75,6 +75,21 @@ class Benchmark:
         }
 
 
+def reference_allows(pin: Any, value: Any) -> bool:
+    """Whether a record's layer value meets a `reference_layers` pin: the value itself, or
+    `{ one_of = [...] }`, any of those."""
+    if isinstance(pin, dict):
+        return value in pin["one_of"]
+    return value == pin
+
+
+def reference_text(pin: Any) -> str:
+    """A pin as the level rules name it: 'x', or one of 'x', 'y'."""
+    if isinstance(pin, dict):
+        return "one of " + ", ".join(repr(v) for v in pin["one_of"])
+    return repr(pin)
+
+
 @dataclass(frozen=True)
 class Level:
     name: str
@@ -146,9 +161,16 @@ def load_benchmark(name: str, config_dir: Path = CONFIG_DIR) -> Benchmark:
     if epochs <= 0:
         raise UserError(f"{path}: 'benchmark.epochs' must be a positive integer, got {epochs}")
     reference = data.get("reference_layers", {})
-    for layer in reference:
+    for layer, pins in reference.items():
         if layer not in LAYER_IDS:
             raise UserError(f"{path}: 'reference_layers.{layer}' is not a layer ({LAYER_IDS})")
+        for key, pin in pins.items() if isinstance(pins, dict) else ():
+            one_of = isinstance(pin, dict) and list(pin) == ["one_of"]
+            if isinstance(pin, dict) and not (one_of and isinstance(pin["one_of"], list)):
+                raise UserError(
+                    f"{path}: 'reference_layers.{layer}.{key}' must be a value or "
+                    "{ one_of = [VALUES] }"
+                )
     conventions = {
         "stated": Convention(
             "stated",
@@ -368,6 +390,28 @@ class TrainingConfig:
         return None
 
 
+# The choices of the recipe's forms, each with what it means (docs/image_classification.md).
+COSINE_STARTS = {
+    "step_0": "cosine over all steps from step 0, warm-up overriding its start (the reference)",
+    "warmup_end": "cosine over the steps after warm-up",
+}
+MOMENTUM_FORMS = {
+    "tf1": "accum = momentum x accum + grad; var -= lr x accum (TF1 MomentumOptimizer)",
+    "keras": "v = momentum x v - lr x grad; var += v (Keras SGD)",
+}
+LOSS_SCALINGS = {
+    "dynamic": "float16 loss scale halved on overflow (the step skipped), doubled after 2000 steps",
+    "fixed": "float16 loss times a fixed loss_scale, gradients divided by it, every step applied",
+}
+
+
+def choice_problem(name: str, value: str, choices) -> str | None:
+    """The one line for a value outside its choices, naming them; None when it is one."""
+    if value in choices:
+        return None
+    return f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     name: str  # sgd | lars
@@ -381,10 +425,25 @@ class OptimizerConfig:
     step_factor: float
     label_smoothing: float
     lars_eta: float
+    # The recipe's forms (COSINE_STARTS, MOMENTUM_FORMS, LOSS_SCALINGS). The defaults are the
+    # forms this project trained before the keys existed: configs saved then (run
+    # directories, records) load as what they ran. The presets name their own.
+    cosine_start: str = "warmup_end"
+    momentum_form: str = "keras"
+    loss_scaling: str = "dynamic"  # float16 only; bfloat16 and float32 scale no loss
+    loss_scale: float = 256.0  # the fixed scale (the reference's --loss_scale default)
 
     def check(self) -> str | None:
         if self.name not in ("sgd", "lars"):
             return f"name must be 'sgd' or 'lars', got '{self.name}'"
+        for problem in (
+            choice_problem("cosine_start", self.cosine_start, COSINE_STARTS),
+            choice_problem("momentum_form", self.momentum_form, MOMENTUM_FORMS),
+            choice_problem("loss_scaling", self.loss_scaling, LOSS_SCALINGS),
+            out_of_range(self, loss_scale=(1, 2**24)),
+        ):
+            if problem:
+                return problem
         if not 0 <= self.momentum < 1:
             return f"momentum must be in [0, 1), got {self.momentum}"
         if not 0 < self.base_learning_rate <= 1000:
@@ -405,10 +464,10 @@ class OptimizerConfig:
 
 def precision_policy_on(precision: str, on_gpu: bool) -> str:
     """Keras's policy name for `training.precision` (every framework's runner records it):
-    fp32, or mixed precision: float16 with dynamic loss scaling on any GPU (the reference's
-    arithmetic, kept on GPUs that have bfloat16 too so that generations compare at one
-    precision), bfloat16 on CPUs (the reduced precision oneDNN computes fast); `fp16` and
-    `bf16` choose one by name."""
+    fp32, or mixed precision: float16 with loss scaling (`optimizer.loss_scaling`) on any GPU
+    (the reference's arithmetic, kept on GPUs that have bfloat16 too so that generations
+    compare at one precision), bfloat16 on CPUs (the reduced precision oneDNN computes fast);
+    `fp16` and `bf16` choose one by name."""
     if precision == "mixed":
         return "mixed_float16" if on_gpu else "mixed_bfloat16"
     return {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[precision]

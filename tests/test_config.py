@@ -42,3 +42,22 @@ def test_malformed_benchmark_file(tmp_path, text, message):
     with pytest.raises(UserError, match=message) as error:
         config.load_benchmark("broken", tmp_path)
     assert "broken.toml" in str(error.value)
+
+
+def test_the_earlier_recipe_preset_differs_from_reference_in_its_six_forms_only():
+    reference = config.prepare("image_classification", "reference", []).config
+    earlier = config.prepare("image_classification", "reference-project", []).config
+    differing = {
+        f"{section}.{key}"
+        for section, table in reference.items()
+        for key, value in table.items()
+        if earlier[section][key] != value
+    }
+    assert differing == {
+        "model.zero_init_residual",
+        "model.logits_initializer",
+        "model.stride_padding",
+        "model.input_normalisation",
+        "optimizer.cosine_start",
+        "optimizer.momentum_form",
+    }

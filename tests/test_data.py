@@ -94,23 +94,28 @@ def tiny_workload(*settings: str):
     return build_workload(setup.benchmark.name, setup.config, None)
 
 
-def test_normalising_uint8_in_the_step_matches_normalising_the_float_image(imagenet_dir):
+@pytest.mark.parametrize(
+    "normalisation, divisor",
+    [("mean_255", (255.0,) * 3), ("mean_std", imagenet.CHANNEL_STDS)],
+)
+def test_normalising_uint8_in_the_step_matches_normalising_the_float_image(
+    imagenet_dir, normalisation, divisor
+):
     """The workload's `model_inputs` of the pipeline's uint8 pixels (run in a traced step, as
     on the device) equals the old float pipeline's output, the resized float image normalised,
-    within the rounding to whole pixel levels: half a level over the channel's std."""
-    workload = tiny_workload()
+    within the rounding to whole pixel levels: half a level over the divisor (255, the
+    reference's, or the channel's std)."""
+    workload = tiny_workload(f"model.input_normalisation={normalisation}")
     step = tf.function(workload.model_inputs)
     pipeline = imagenet.imagenet_dataset(imagenet_dir, False, 32, 1, 0)  # in record order
     records = tf.data.TFRecordDataset(imagenet.shard_files(imagenet_dir, "validation"))
     for serialized, (pixels, _) in zip(records, pipeline, strict=True):
         encoded = tf.io.parse_single_example(serialized, imagenet.FEATURES)["image/encoded"]
         resized = imagenet._eval_image(encoded, 32)
-        before = (resized - imagenet.CHANNEL_MEANS) / imagenet.CHANNEL_STDS
+        before = (resized - imagenet.CHANNEL_MEANS) / divisor
         now = step(pixels[None])[0]
         assert now.dtype == tf.float32
-        np.testing.assert_allclose(
-            now, before, rtol=0, atol=0.5 / min(imagenet.CHANNEL_STDS) + 1e-5
-        )
+        np.testing.assert_allclose(now, before, rtol=0, atol=0.5 / min(divisor) + 1e-5)
 
 
 def test_every_image_source_gives_the_workloads_dtype():

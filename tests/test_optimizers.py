@@ -5,7 +5,12 @@ import tensorflow as tf
 
 from hpcai500_tf import config
 from hpcai500_tf.engine import loop, run
-from hpcai500_tf.engine.optimizers import LARS, ReplicaAgreedLossScaleOptimizer, WarmupDecay
+from hpcai500_tf.engine.optimizers import (
+    LARS,
+    ReplicaAgreedLossScaleOptimizer,
+    TF1Momentum,
+    WarmupDecay,
+)
 from hpcai500_tf.errors import UserError
 
 
@@ -30,6 +35,18 @@ def test_lars_trust_is_one_for_zero_weights():
     variable = tf.Variable(np.zeros(3, np.float32))
     LARS(learning_rate=0.1, momentum=0.0, eta=0.01).apply([tf.ones(3)], [variable])
     np.testing.assert_allclose(variable.numpy(), -0.1 * np.ones(3), rtol=1e-6)
+
+
+def test_warmup_then_cosine_from_step_0():
+    """The reference's: the cosine spans all 110 steps; warm-up overrides its first 10."""
+    schedule = WarmupDecay(1.0, 10, 110, "cosine", cosine_start="step_0")
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(5)) == pytest.approx(0.5)
+    assert float(schedule(10)) == pytest.approx(0.5 * (1 + np.cos(np.pi * 10 / 110)))
+    assert float(schedule(55)) == pytest.approx(0.5, abs=1e-6)
+    assert float(schedule(110)) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="cosine_start must be"):
+        WarmupDecay(1.0, 10, 110, "cosine", cosine_start="later")
 
 
 def test_warmup_then_cosine_to_zero():
@@ -60,12 +77,49 @@ def test_step_decay():
     ]
 
 
-def _tiny_engine_layers(monkeypatch, policy):
+def test_lars_in_tf1_form_applies_the_rate_to_its_momentum():
+    """form="tf1": m = momentum * m + trust * g; w -= lr * m, over a rate that changes."""
+    w0 = np.array([[1.0, -2.0], [0.5, 3.0]], np.float32)
+    grads = [
+        np.array([[0.1, 0.2], [-0.3, 0.4]], np.float32),
+        np.array([[0.5, -0.1], [0.2, 0.0]], np.float32),
+    ]
+    rates = keras.optimizers.schedules.PiecewiseConstantDecay([0], [0.5, 0.2])  # 0.5, then 0.2
+    variable = tf.Variable(w0)
+    optimizer = LARS(learning_rate=rates, momentum=0.9, eta=0.01, form="tf1")
+    w, m = w0.copy(), np.zeros_like(w0)
+    for rate, g in zip((0.5, 0.2), grads, strict=True):
+        optimizer.apply([tf.constant(g)], [variable])
+        trust = 0.01 * np.linalg.norm(w) / np.linalg.norm(g)
+        m = 0.9 * m + trust * g
+        w = w - rate * m
+        np.testing.assert_allclose(variable.numpy(), w, rtol=1e-5)
+    with pytest.raises(ValueError, match="form must be 'keras' or 'tf1'"):
+        LARS(form="nesterov")
+
+
+def test_a_fixed_loss_scale_unscales_the_gradients_and_applies_every_step():
+    """What the reference's FixedLossScalerOptimizer does: loss x scale, gradients / scale,
+    no skip (an overflow reaches the weights)."""
+    g = np.array([0.5, -0.25], np.float32)
+    plain, scaled = tf.Variable([1.0, 2.0]), tf.Variable([1.0, 2.0])
+    TF1Momentum(0.1, momentum=0.875).apply([tf.constant(g)], [plain])
+    fixed = TF1Momentum(0.1, momentum=0.875, loss_scale_factor=256.0)
+    assert float(fixed.scale_loss(tf.constant(1.0))) == 256.0
+    fixed.apply([tf.constant(g * 256)], [scaled])
+    np.testing.assert_allclose(scaled.numpy(), plain.numpy(), rtol=1e-7)
+    fixed.apply([tf.constant([np.inf, 0.0], tf.float32)], [scaled])
+    assert not np.isfinite(scaled.numpy()[0])
+
+
+def _tiny_engine_layers(monkeypatch, policy, overrides=()):
     """The tiny preset's engine under a precision `policy`, and its record's L8."""
     monkeypatch.setattr(loop, "precision_policy", lambda precision: policy)
     previous = keras.mixed_precision.global_policy()
     try:
-        setup = config.prepare("image_classification", "tiny", ["training.precision=mixed"])
+        setup = config.prepare(
+            "image_classification", "tiny", ["training.precision=mixed", *overrides]
+        )
         engine = run.build_engine(setup, None)
         return engine, run._layers(setup, engine)["L8"]
     finally:
@@ -78,6 +132,18 @@ def test_float16_engines_scale_the_loss_alike_on_every_replica(monkeypatch):
     engine, l8 = _tiny_engine_layers(monkeypatch, "mixed_float16")
     assert isinstance(engine.optimizer, ReplicaAgreedLossScaleOptimizer)
     assert l8["loss_scaling"] == "dynamic" and l8["initial_loss_scale"] == 2.0**15
+
+
+def test_a_float16_engine_with_a_fixed_loss_scale_records_it(monkeypatch):
+    """`optimizer.loss_scaling = "fixed"`: the optimizer scales its own loss (no dynamic
+    wrapper over it, which would scale twice), and L8 says so, with the scale."""
+    engine, l8 = _tiny_engine_layers(monkeypatch, "mixed_float16", ["optimizer.loss_scaling=fixed"])
+    assert type(engine.optimizer) is TF1Momentum and engine.optimizer.loss_scale_factor == 256.0
+    assert l8["loss_scaling"] == "fixed" and l8["initial_loss_scale"] == 256.0
+    engine, l8 = _tiny_engine_layers(
+        monkeypatch, "mixed_bfloat16", ["optimizer.loss_scaling=fixed"]
+    )
+    assert engine.optimizer.loss_scale_factor is None and l8["loss_scaling"] == "none"
 
 
 def test_bfloat16_engines_scale_no_loss(monkeypatch):

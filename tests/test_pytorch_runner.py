@@ -344,3 +344,36 @@ def test_the_demo_names_the_side_that_failed(tmp_path, tensorflow_side, pytorch_
     if code == 139:
         assert "signal 11: SEGV" in result.stderr
     assert not (out / "comparison.json").exists()
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        (["optimizer.momentum_form=keras"], "TF1's momentum form only"),
+        (["model.stride_padding=same"], "pads strided convolutions symmetrically only"),
+        (["optimizer.loss_scaling=fixed", "training.precision=fp16"], "dynamically only"),
+    ],
+)
+def test_forms_the_runner_does_not_train_are_refused_in_one_line(settings, named):
+    import torch_train
+
+    from hpcai500_tf import config
+
+    torch_train.refuse_other_forms(config.prepare("image_classification", "reference", []), True)
+    with pytest.raises(UserError, match=named):
+        setup = config.prepare("image_classification", "tiny", settings)
+        torch_train.refuse_other_forms(setup, on_cuda=True)
+
+
+def test_the_logits_start_as_the_tensorflow_models_do(torch_installed):
+    import torch
+    import torch_train
+
+    fc = torch.nn.Linear(2048, 1001)
+    torch_train.initialise_logits(torch, fc, "variance_scaling")
+    weight = fc.weight.detach().double()
+    sigma = (2.0 / 1001) ** 0.5 / 0.87962566103423978
+    assert float(weight.abs().max()) <= 2 * sigma * (1 + 1e-6)
+    assert float(weight.std()) == pytest.approx((2.0 / 1001) ** 0.5, rel=0.01)
+    torch_train.initialise_logits(torch, fc, "normal_0.01")
+    assert float(fc.weight.detach().std()) == pytest.approx(0.01, rel=0.01)

@@ -336,7 +336,9 @@ def test_mixed_precision_computes_in_bfloat16_on_cpu():
     assert engine.model.get_layer("stem_conv").kernel.dtype == "float32"
     assert engine.model.get_layer("logits").compute_dtype == "float32"
     loss = float(engine.train_step(*next(engine.train_batches())))
-    assert 1.0 < loss < 5.0
+    # a first loss, finite and of its size: the reference's logits initialiser (variance
+    # 2 / fan-out: 0.2 over tiny's 10 classes) starts it near 6, above ln 10
+    assert 1.0 < loss < 10.0
 
 
 def test_deterministic_runs_repeat_exactly(tmp_path):

@@ -205,11 +205,17 @@ def test_an_unknown_convention_is_one_line(published_record, tmp_path, capsys):
 # ------------------------------------------------------------------------ level rules
 
 
+def _pinned_value(pin):
+    """A value a pin allows: the value itself, or the first of `{ one_of = [...] }`."""
+    return copy.deepcopy(pin["one_of"][0] if isinstance(pin, dict) else pin)
+
+
 def _reference_record(published_record, benchmark):
     """A record whose fixed layers are the benchmark's reference values."""
     rec = copy.deepcopy(published_record)
     for layer, values in benchmark.reference_layers.items():
-        rec["layers"][layer] = {**rec["layers"][layer], **copy.deepcopy(values)}
+        pinned = {key: _pinned_value(pin) for key, pin in values.items()}
+        rec["layers"][layer] = {**rec["layers"][layer], **pinned}
     rec["layers"]["L8"]["seed"] = 10
     return rec
 
@@ -263,6 +269,86 @@ def test_the_pins_are_the_reference_presets_values(ic):
         opt.base_learning_rate, opt.warmup_epochs, opt.label_smoothing
     )  # fmt: skip
     assert "precision" not in l7 and "seed" not in l8  # left free, levels.toml says why
+    # the forms in which the reference trains (docs/image_classification.md)
+    for key in ("zero_init_residual", "logits_initializer", "stride_padding"):
+        assert l7[key] == model[key], key
+    assert l7["input_normalisation"] == model["input_normalisation"]
+    assert (l8["cosine_start"], l8["momentum_form"]) == (opt.cosine_start, opt.momentum_form)
+    assert opt.loss_scaling in l8["loss_scaling"]["one_of"]
+
+
+def _old_record(published_record, benchmark):
+    """A record as this project wrote it before its L7 and L8 named the recipe's forms: the
+    reference's values in every field it had, none of the fields added since."""
+    rec = _reference_record(published_record, benchmark)
+    for key in ("zero_init_residual", "logits_initializer", "stride_padding"):
+        del rec["layers"]["L7"][key]
+    del rec["layers"]["L7"]["input_normalisation"]
+    del rec["layers"]["L8"]["cosine_start"], rec["layers"]["L8"]["momentum_form"]
+    rec["layers"]["L8"]["loss_scaling"] = "dynamic"
+    return rec
+
+
+def test_a_record_from_before_the_forms_were_recorded_is_refused_naming_each(
+    published_record, ic, levels
+):
+    """It trained gamma 0 and the old schedule, but does not say so: not reference-equivalent
+    at the system level, each unrecorded field named; the free level ranks it."""
+    rec = _old_record(published_record, ic)
+    reasons = scoring.refusal(rec, ic, levels[0]["system"])
+    named = [reason.split(": ", 1)[1].split(" ", 1)[0] for reason in reasons]
+    assert named == [
+        "zero_init_residual",
+        "logits_initializer",
+        "stride_padding",
+        "input_normalisation",
+        "cosine_start",
+        "momentum_form",
+    ]
+    assert all("(not recorded) differs from the reference" in reason for reason in reasons)
+    assert not scoring.refusal(rec, ic, levels[0]["free"])
+
+
+@pytest.mark.parametrize(
+    "layer, field, value",
+    [
+        ("L7", "zero_init_residual", True),
+        ("L7", "logits_initializer", "normal_0.01"),
+        ("L7", "stride_padding", "same"),
+        ("L7", "input_normalisation", "mean_std"),
+        ("L8", "cosine_start", "warmup_end"),
+        ("L8", "momentum_form", "keras"),
+        ("L8", "loss_scaling", "fixed"),
+    ],
+)
+def test_the_projects_earlier_forms_rank_at_the_free_level_only(
+    published_record, ic, levels, layer, field, value
+):
+    rec = _reference_record(published_record, ic)
+    rec["layers"][layer][field] = value
+    assert not scoring.refusal(rec, ic, levels[0]["free"])
+    for level in ("system", "hardware"):
+        (reason,) = scoring.refusal(rec, ic, levels[0][level])
+        assert reason.startswith(f"{layer} ") and f": {field} {value!r} differs" in reason
+
+
+def test_float32_and_bfloat16_records_scale_no_loss_and_still_match(published_record, ic, levels):
+    """The reference scales float16 losses dynamically; runs in other precisions scale none."""
+    rec = _reference_record(published_record, ic)
+    for scaling in ("dynamic", "none"):
+        rec["layers"]["L8"]["loss_scaling"] = scaling
+        assert not scoring.refusal(rec, ic, levels[0]["system"])
+    rec["layers"]["L8"]["loss_scaling"] = "fixed"
+    (reason,) = scoring.refusal(rec, ic, levels[0]["system"])
+    assert "loss_scaling 'fixed' differs from the reference one of 'dynamic', 'none'" in reason
+
+
+def test_a_malformed_pin_is_one_line(tmp_path):
+    text = (config.CONFIG_DIR / "image_classification.toml").read_text()
+    text = text.replace('loss_scaling = { one_of = ["dynamic", "none"] }', "loss_scaling = {}")
+    (tmp_path / "image_classification.toml").write_text(text)
+    with pytest.raises(UserError, match=r"'reference_layers.L8.loss_scaling' must be a value or"):
+        config.load_benchmark("image_classification", tmp_path)
 
 
 # ------------------------------------------------------------------------ repeatability

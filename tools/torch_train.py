@@ -17,10 +17,12 @@ What is shared with the TensorFlow side, so that only the framework differs:
 
 What differs: the framework and its kernels. FLOPs are counted with
 torch.utils.flop_counter.FlopCounterMode over one train step (forward and backward) at the
-batch that runs. Momentum follows PyTorch's form (buffer = m x buffer + g; w -= lr x buffer);
-Keras scales the step into its velocity instead: the two agree exactly while the learning rate
-is constant. Single process only (training.strategy default, or mirrored on one device); SGD
-only (LARS is refused).
+batch that runs. Momentum follows PyTorch's form (buffer = m x buffer + g; w -= lr x buffer),
+which is TF1's (`optimizer.momentum_form = "tf1"`, the reference's); a config asking for
+Keras's form, Keras's "same" padding of strided convolutions (the model pads them
+symmetrically, as the reference does) or a fixed float16 loss scale is refused. Single
+process only (training.strategy default, or mirrored on one device); SGD only (LARS is
+refused).
 """
 
 from __future__ import annotations
@@ -49,11 +51,46 @@ def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, opt
     if warmup and step < warmup:
         return peak * step / warmup
     if optimizer.schedule == "cosine":
-        span = max(epochs * steps_per_epoch - warmup, 1)
-        progress = min(max((step - warmup) / span, 0.0), 1.0)
+        start = 0 if optimizer.cosine_start == "step_0" else warmup
+        span = max(epochs * steps_per_epoch - start, 1)
+        progress = min(max((step - start) / span, 0.0), 1.0)
         return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
     passed = sum(step >= b * steps_per_epoch for b in optimizer.step_boundaries)
     return peak * optimizer.step_factor**passed
+
+
+def refuse_other_forms(setup, on_cuda: bool) -> None:
+    """One line for a form this runner does not train (see the module's docstring): Keras's
+    momentum, Keras's "same" padding of strided convolutions, a fixed float16 loss scale."""
+    o = setup.optimizer
+    padding = setup.config["model"].get("stride_padding", "same")  # older configs: "same"
+    if o.momentum_form != "tf1":
+        raise UserError(
+            "the PyTorch runner's SGD has TF1's momentum form only "
+            f"(optimizer.momentum_form = 'tf1', not '{o.momentum_form}')"
+        )
+    if padding != "symmetric":
+        raise UserError(
+            "the PyTorch model pads strided convolutions symmetrically only "
+            f"(model.stride_padding = 'symmetric', not '{padding}')"
+        )
+    float16 = precision_policy_on(setup.training.precision, on_cuda) == "mixed_float16"
+    if float16 and o.loss_scaling != "dynamic":
+        raise UserError(
+            "the PyTorch runner scales float16 losses dynamically only "
+            f"(optimizer.loss_scaling = 'dynamic', not '{o.loss_scaling}')"
+        )
+
+
+def initialise_logits(torch, fc, initializer: str) -> None:
+    """The logits layer's weights as the TensorFlow model draws them (`model.logits_initializer`):
+    Keras's VarianceScaling(2, fan_out, truncated normal), a normal of sigma sqrt(2 / classes)
+    / 0.8796 cut at 2 sigma, or tools/torch_resnet.py's normal of 0.01 ("normal_0.01")."""
+    if initializer == "variance_scaling":
+        sigma = math.sqrt(2.0 / fc.out_features) / 0.87962566103423978
+        torch.nn.init.trunc_normal_(fc.weight, std=sigma, a=-2 * sigma, b=2 * sigma)
+    else:
+        torch.nn.init.normal_(fc.weight, std=0.01)
 
 
 class TorchRunner:
@@ -67,6 +104,7 @@ class TorchRunner:
         if o.name != "sgd":
             raise UserError("the PyTorch runner implements SGD only, not LARS")
         self.device = choose_device(torch, device)
+        refuse_other_forms(setup, self.device.type == "cuda")
         if t.strategy not in ("default", "mirrored") or (
             t.strategy == "mirrored" and torch.cuda.device_count() > 1
         ):
@@ -86,6 +124,7 @@ class TorchRunner:
             torch.use_deterministic_algorithms(True)
         m = self.workload.model
         self.model = ResNet50V15(self.workload.num_classes, m["width"], tuple(m["blocks"]))
+        initialise_logits(torch, self.model.fc, m.get("logits_initializer", "normal_0.01"))
         for module in self.model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.momentum, module.eps = 1.0 - m["bn_momentum"], m["bn_epsilon"]

@@ -4,10 +4,11 @@ preprocessing: training takes a random crop inside the bounding box (area 5-100 
 (87.5 % of the shorter side). Labels are `image/class/label` minus a configurable offset.
 
 Images leave the pipeline as uint8 pixels, rounded from the resized image: a quarter of the
-bytes of float32 to copy to the accelerator, where `normalise` (the channel statistics) runs as
-the model's first computation. Whether the parallel interleave and map keep their order is left
-to the dataset's `tf.data.Options().deterministic`, which the engine sets from
-`training.deterministic`; the interleave reads as many files at once as this process has cores.
+bytes of float32 to copy to the accelerator, where `normalise` (the channel means, and 255 or
+the channel deviations) runs as the model's first computation. Whether the parallel
+interleave and map keep their order is left to the dataset's
+`tf.data.Options().deterministic`, which the engine sets from `training.deterministic`; the
+interleave reads as many files at once as this process has cores.
 Workers get whole files when there are at least as many files as workers, else each file's
 records split by position: either way a partition of the split, whatever that order.
 
@@ -64,11 +65,16 @@ def shard_files(data_dir: str | Path, split: str) -> list[str]:
     return files
 
 
-def normalise(images):
-    """uint8 (or float) pixels to float32 normalised by the ImageNet channel statistics: the
-    model's input. Run on the device, at the start of the step (see the workload)."""
+def normalise(images, method: str = "mean_255"):
+    """uint8 (or float) pixels to float32, the model's input: the ImageNet channel means
+    subtracted, then divided by 255 ("mean_255": the reference's `normalized_inputs`) or by the
+    channel standard deviations ("mean_std"). Run on the device, at the start of the step (see
+    the workload)."""
+    divisors = {"mean_255": 255.0, "mean_std": CHANNEL_STDS}
+    if method not in divisors:
+        raise ValueError(f"input_normalisation must be one of {tuple(divisors)}, got {method!r}")
     images = tf.cast(images, tf.float32)
-    return (images - CHANNEL_MEANS) / CHANNEL_STDS
+    return (images - CHANNEL_MEANS) / divisors[method]
 
 
 def to_pixels(image):

@@ -1,5 +1,6 @@
-"""Learning-rate schedules and optimizers: SGD with momentum (Keras) and LARS (written here),
-and dynamic loss scaling whose skip decision every replica shares.
+"""Learning-rate schedules and optimizers: SGD with momentum in TF1's form or Keras's, LARS
+(both written here), fixed loss scaling, and dynamic loss scaling whose skip decision every
+replica shares.
 
 Weight decay is coupled, as in the reference: wd x ||w||^2 / 2 joins the loss (gradient wd x w),
 applied to all variables or to all but BN and bias variables (`decay_all_variables`).
@@ -11,12 +12,18 @@ import math
 
 import keras
 import tensorflow as tf
+from keras import ops
 
 from hpcai500_tf.config import OptimizerConfig, peak_learning_rate
 
 
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup from 0 to `peak`, then cosine decay to 0 or step decay by epochs."""
+    """Linear warmup from 0 to `peak`, then cosine decay to 0 or step decay by epochs.
+
+    The cosine starts at step 0 and spans every step (`cosine_start="step_0"`: the reference's
+    `tf.train.cosine_decay(peak, step, total_steps)`, which the warm-up overrides until it
+    ends, so the rate drops from `peak` to the cosine's value there), or starts where the
+    warm-up ends and spans the steps after it ("warmup_end")."""
 
     def __init__(
         self,
@@ -26,20 +33,25 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         schedule: str,
         boundaries_steps: list[int] | None = None,
         factor: float = 0.1,
+        cosine_start: str = "warmup_end",
     ):
+        if cosine_start not in ("step_0", "warmup_end"):
+            raise ValueError(f"cosine_start must be 'step_0' or 'warmup_end', got {cosine_start!r}")
         self.peak = peak
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
         self.schedule = schedule
         self.boundaries_steps = list(boundaries_steps or [])
         self.factor = factor
+        self.cosine_start = cosine_start
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         warmup = tf.cast(self.warmup_steps, tf.float32)
         if self.schedule == "cosine":
-            span = tf.maximum(tf.cast(self.total_steps, tf.float32) - warmup, 1.0)
-            progress = tf.clip_by_value((step - warmup) / span, 0.0, 1.0)
+            start = 0.0 if self.cosine_start == "step_0" else warmup
+            span = tf.maximum(tf.cast(self.total_steps, tf.float32) - start, 1.0)
+            progress = tf.clip_by_value((step - start) / span, 0.0, 1.0)
             decayed = self.peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
         else:
             passed = tf.add_n(
@@ -59,20 +71,61 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
             "schedule": self.schedule,
             "boundaries_steps": self.boundaries_steps,
             "factor": self.factor,
+            "cosine_start": self.cosine_start,
         }
+
+
+class TF1Momentum(keras.optimizers.Optimizer):
+    """SGD with momentum in TF1 `tf.train.MomentumOptimizer`'s form, the reference's optimizer:
+    accum = momentum x accum + grad; var -= lr x accum.
+
+    Keras's SGD folds the rate into its velocity instead (v = momentum x v - lr x grad;
+    var += v): the two take the same steps while the rate is constant and differ whenever it
+    changes (warm-up, decay), where this one applies today's rate to the whole accumulated
+    gradient. Two element-wise updates per variable, as many as Keras's SGD."""
+
+    def __init__(self, learning_rate=0.01, momentum=0.9, name="tf1_momentum", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        self.momentum = momentum
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.accumulators = [self.add_variable_from_reference(v, "accumulator") for v in variables]
+
+    def update_step(self, gradient, variable, learning_rate):
+        learning_rate = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        accumulator = self.accumulators[self._get_variable_index(variable)]
+        momentum = ops.cast(self.momentum, variable.dtype)
+        self.assign(accumulator, ops.add(ops.multiply(accumulator, momentum), gradient))
+        self.assign_sub(variable, ops.multiply(accumulator, learning_rate))
+
+    def get_config(self):
+        return {**super().get_config(), "momentum": self.momentum}
 
 
 class LARS(keras.optimizers.Optimizer):
     """Layer-wise adaptive rate scaling (You et al., 2017) with heavy-ball momentum.
 
-    trust = eta * ||w|| / ||g|| (1 where either norm is 0); m = momentum * m + lr * trust * g;
-    w -= m. The gradient arrives with weight decay already in it (coupled decay).
+    trust = eta * ||w|| / ||g|| (1 where either norm is 0); with the rate in the momentum
+    (`form="keras"`) m = momentum * m + lr * trust * g; w -= m, or applied to it (TF1's form,
+    "tf1") m = momentum * m + trust * g; w -= lr * m. The gradient arrives with weight decay
+    already in it (coupled decay).
     """
 
-    def __init__(self, learning_rate=0.1, momentum=0.9, eta=0.001, name="lars", **kwargs):
+    def __init__(
+        self, learning_rate=0.1, momentum=0.9, eta=0.001, form="keras", name="lars", **kwargs
+    ):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if form not in ("keras", "tf1"):
+            raise ValueError(f"form must be 'keras' or 'tf1', got {form!r}")
         self.momentum = momentum
         self.eta = eta
+        self.form = form
 
     def build(self, variables):
         if self.built:
@@ -87,11 +140,16 @@ class LARS(keras.optimizers.Optimizer):
         g_norm = tf.norm(gradient)
         trust = tf.where((w_norm > 0) & (g_norm > 0), self.eta * w_norm / g_norm, 1.0)
         momentum = self.momentums[self._get_variable_index(variable)]
+        if self.form == "tf1":
+            self.assign(momentum, self.momentum * momentum + trust * gradient)
+            self.assign_sub(variable, learning_rate * momentum)
+            return
         self.assign(momentum, self.momentum * momentum + learning_rate * trust * gradient)
         self.assign_sub(variable, momentum)
 
     def get_config(self):
-        return {**super().get_config(), "momentum": self.momentum, "eta": self.eta}
+        config = {**super().get_config(), "momentum": self.momentum, "eta": self.eta}
+        return {**config, "form": self.form}
 
 
 class ReplicaAgreedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
@@ -105,7 +163,16 @@ class ReplicaAgreedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     sides, and the all-reduce inside the apply waits for peers that never come. Here whether a
     replica overflowed (0 or 1) is all-reduced first: the step is skipped, and the scale halved,
     on every replica as soon as one of them overflows. One scalar all-reduce per step.
+
+    An optimizer that already scales its loss by a fixed factor (`optimizer.loss_scaling =
+    "fixed"`: Keras's `loss_scale_factor`, what the reference's FixedLossScalerOptimizer does)
+    is returned as it is: dynamic scaling over it would scale the loss twice.
     """
+
+    def __new__(cls, inner_optimizer=None, *args, **kwargs):
+        if getattr(inner_optimizer, "loss_scale_factor", None) is not None:
+            return inner_optimizer  # not an instance of cls: __init__ does not run
+        return super().__new__(cls)
 
     def check_finite(self, grads):
         """True on every replica when no replica's gradients hold an Inf or NaN."""
@@ -118,9 +185,20 @@ class ReplicaAgreedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return tf.equal(replicas_overflowed, 0.0)
 
 
+def fixed_loss_scale(config: OptimizerConfig, policy: str) -> float | None:
+    """The fixed factor the loss is scaled by (`loss_scaling = "fixed"` under float16), else
+    None: bfloat16 and float32 scale no loss, and dynamic scaling wraps the optimizer."""
+    if policy == "mixed_float16" and config.loss_scaling == "fixed":
+        return config.loss_scale
+    return None
+
+
 def build_optimizer(
     config: OptimizerConfig, global_batch: int, steps_per_epoch: int, epochs: int
 ) -> keras.optimizers.Optimizer:
+    """The configured optimizer and schedule. Under float16 with `loss_scaling = "fixed"` it
+    scales its own loss (Keras's `loss_scale_factor`; the precision policy is Keras's global
+    one, set before), and `ReplicaAgreedLossScaleOptimizer` leaves it so."""
     schedule = WarmupDecay(
         peak=peak_learning_rate(config, global_batch),
         warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)),
@@ -128,10 +206,20 @@ def build_optimizer(
         schedule=config.schedule,
         boundaries_steps=[b * steps_per_epoch for b in config.step_boundaries],
         factor=config.step_factor,
+        cosine_start=config.cosine_start,
     )
+    scale = {"loss_scale_factor": fixed_loss_scale(config, keras.config.dtype_policy().name)}
     if config.name == "lars":
-        return LARS(schedule, momentum=config.momentum, eta=config.lars_eta)
-    return keras.optimizers.SGD(schedule, momentum=config.momentum)
+        return LARS(
+            schedule,
+            momentum=config.momentum,
+            eta=config.lars_eta,
+            form=config.momentum_form,
+            **scale,
+        )
+    if config.momentum_form == "tf1":
+        return TF1Momentum(schedule, momentum=config.momentum, **scale)
+    return keras.optimizers.SGD(schedule, momentum=config.momentum, **scale)
 
 
 def decayed_variables(model: keras.Model, decay_all: bool) -> list:

@@ -4,29 +4,91 @@
 depth, input size, channels and class count are parameters so that small presets run the same
 code. The EWA detector reuses `resnet_backbone` with 16 input channels. The layers come from
 `models.kernels` (`kernels`: "auto" or "stock"); the architecture is the same either way.
+
+Three forms are parameters, each the reference's by default for the classifier
+(`workloads/settings.py` lists the choices): the last batch norm's initial gamma
+(`zero_init_residual`), the logits initialiser and the padding of strided convolutions.
 """
 
 from __future__ import annotations
 
 import keras
-from keras import layers
+from keras import layers, ops
 
 from hpcai500_tf.models.kernels import LayerSet, layer_set
 
 STAGE_FILTERS = (64, 128, 256, 512)
 RESNET50_BLOCKS = (3, 4, 6, 3)
 EXPANSION = 4
+STRIDE_PADDINGS = ("symmetric", "same")
+LOGITS_INITIALIZERS = ("variance_scaling", "normal_0.01")
 
 
-def _conv(kernel_layers: LayerSet, filters: int, kernel: int, strides: int, name: str):
-    """A bias-free, same-padded convolution with He initialisation over the fan-out."""
-    return kernel_layers.conv(
+def _he_fan_out():
+    """Variance 2 / fan-out, truncated normal: the reference's initialiser of every
+    convolution and of the logits (`tf.variance_scaling_initializer(2.0, fan_out,
+    truncated_normal)`; Keras's draws the same distribution)."""
+    return keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class SymmetricPaddingConv2D(layers.Conv2D):
+    """A strided convolution padded as the reference pads it: (k - 1) // 2 before and the rest
+    after, in each spatial dimension, then no padding (NVIDIA's `conv2d_block`, mode
+    "SAME_RESNET": `tf.pad`, then a VALID convolution, as here). Keras's "same" puts the odd
+    pixel of padding after instead: on even inputs it pads one pixel less before, so every
+    output reads its inputs one pixel further on. The output size is "same"'s
+    (ceil(n / stride)), so the layer keeps `padding="same"` for its shape.
+
+    Not the convolution op's own explicit padding: on CPUs TensorFlow runs that outside
+    oneDNN, 1.4-1.6x slower than "same" in float32 and 40-100x in bfloat16 (the strided 3x3
+    and 7x7 layers of ResNet-50 at batch 32, forward and both gradients, 2-core AMX Xeon);
+    the separate pad takes 0.8-1.2x of "same"'s time there (1.4x for the 7x7 stem in bfloat16,
+    whose input gradient training does not compute)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.padding != "same" or any(rate != 1 for rate in self.dilation_rate):
+            raise ValueError("SymmetricPaddingConv2D takes padding='same' and no dilation")
+
+    def pads(self) -> list[list[int]]:
+        """[before, after] of each spatial dimension."""
+        return [[(k - 1) // 2, k - 1 - (k - 1) // 2] for k in self.kernel_size]
+
+    def convolution_op(self, inputs, kernel):
+        spatial = self.pads()
+        channels_last = self.data_format == "channels_last"
+        padding = [[0, 0], *spatial, [0, 0]] if channels_last else [[0, 0], [0, 0], *spatial]
+        return ops.conv(
+            ops.pad(inputs, padding),
+            kernel,
+            strides=list(self.strides),
+            padding="valid",
+            data_format=self.data_format,
+        )
+
+
+def _conv(
+    kernel_layers: LayerSet,
+    filters: int,
+    kernel: int,
+    strides: int,
+    name: str,
+    padding: str = "same",
+):
+    """A bias-free convolution with He initialisation over the fan-out. Strided convolutions
+    wider than 1x1 pad as `padding` says ("symmetric": `SymmetricPaddingConv2D`; "same":
+    Keras's); the others pad alike either way."""
+    if padding not in STRIDE_PADDINGS:
+        raise ValueError(f"stride_padding must be one of {STRIDE_PADDINGS}, got {padding!r}")
+    symmetric = padding == "symmetric" and strides > 1 and kernel > 1
+    return (SymmetricPaddingConv2D if symmetric else kernel_layers.conv)(
         filters,
         kernel,
         strides=strides,
         padding="same",
         use_bias=False,
-        kernel_initializer=keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal"),
+        kernel_initializer=_he_fan_out(),
         name=name,
     )
 
@@ -42,9 +104,10 @@ def _batch_norm(
     )
 
 
-def stem(x, kernel_layers: LayerSet, filters: int, bn: dict):
-    """7x7 stride-2 convolution, batch norm, ReLU, 3x3 stride-2 max pool: 1/4 resolution."""
-    x = _conv(kernel_layers, filters, 7, 2, "stem_conv")(x)
+def stem(x, kernel_layers: LayerSet, filters: int, bn: dict, padding: str = "same"):
+    """7x7 stride-2 convolution, batch norm, ReLU, 3x3 stride-2 max pool: 1/4 resolution.
+    (The pool pads as "same" in the reference too.)"""
+    x = _conv(kernel_layers, filters, 7, 2, "stem_conv", padding)(x)
     x = _batch_norm(kernel_layers, "stem_bn", **bn)(x)
     x = kernel_layers.relu(name="stem_relu")(x)
     return layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
@@ -58,10 +121,11 @@ def bottleneck(
     name: str,
     bn: dict,
     zero_init_residual: bool,
+    padding: str = "same",
 ):
     """1x1 reduce, 3x3 (carries the stride: v1.5), 1x1 expand; projection when shapes change.
     With `zero_init_residual` the last batch norm starts at gamma 0: the block starts as its
-    shortcut."""
+    shortcut (the reference starts every gamma at 1)."""
     shortcut = x
     out_filters = filters * EXPANSION
     if strides != 1 or x.shape[-1] != out_filters:
@@ -70,7 +134,7 @@ def bottleneck(
     x = _conv(kernel_layers, filters, 1, 1, f"{name}_1_conv")(x)
     x = _batch_norm(kernel_layers, f"{name}_1_bn", **bn)(x)
     x = kernel_layers.relu(name=f"{name}_1_relu")(x)
-    x = _conv(kernel_layers, filters, 3, strides, f"{name}_2_conv")(x)
+    x = _conv(kernel_layers, filters, 3, strides, f"{name}_2_conv", padding)(x)
     x = _batch_norm(kernel_layers, f"{name}_2_bn", **bn)(x)
     x = kernel_layers.relu(name=f"{name}_2_relu")(x)
     x = _conv(kernel_layers, out_filters, 1, 1, f"{name}_3_conv")(x)
@@ -87,23 +151,27 @@ def resnet_backbone(
     bn_epsilon: float = 1e-5,
     zero_init_residual: bool = True,
     kernels: str = "auto",
+    stride_padding: str = "same",
 ) -> list:
     """Stem and four stages; returns the output of every stage (C2..C5). Each stage halves
-    the resolution in its first block (but stage 2, after the stem's pool)."""
+    the resolution in its first block (but stage 2, after the stem's pool). (The EWA detector
+    keeps the defaults: no reference code fixes its backbone's forms.)"""
     if width <= 0 or len(blocks) != 4 or min(blocks) < 1:
         raise ValueError(
             f"width must be > 0 and blocks four positive counts, got {width}, {blocks}"
         )
     kernel_layers = layer_set(kernels)
     bn = {"momentum": bn_momentum, "epsilon": bn_epsilon}
-    x = stem(inputs, kernel_layers, max(8, int(64 * width)), bn)
+    x = stem(inputs, kernel_layers, max(8, int(64 * width)), bn, stride_padding)
     stage_outputs = []
     for stage, (filters, count) in enumerate(zip(STAGE_FILTERS, blocks, strict=True), start=2):
         filters = max(8, int(filters * width))
         for block in range(count):
             strides = 2 if block == 0 and stage > 2 else 1
             name = f"stage{stage}_block{block + 1}"
-            x = bottleneck(x, kernel_layers, filters, strides, name, bn, zero_init_residual)
+            x = bottleneck(
+                x, kernel_layers, filters, strides, name, bn, zero_init_residual, stride_padding
+            )
         stage_outputs.append(x)
     return stage_outputs
 
@@ -116,18 +184,36 @@ def resnet50_v15(
     blocks: tuple[int, ...] = RESNET50_BLOCKS,
     bn_momentum: float = 0.9,
     bn_epsilon: float = 1e-5,
-    zero_init_residual: bool = True,
+    zero_init_residual: bool = False,
     kernels: str = "auto",
+    logits_initializer: str = "variance_scaling",
+    stride_padding: str = "symmetric",
 ) -> keras.Model:
-    """The classifier: backbone, global average pool, dense logits (always float32)."""
+    """The classifier: backbone, global average pool, dense logits (always float32). The
+    defaults are the reference's forms."""
+    if logits_initializer not in LOGITS_INITIALIZERS:
+        raise ValueError(
+            f"logits_initializer must be one of {LOGITS_INITIALIZERS}, got {logits_initializer!r}"
+        )
     inputs = keras.Input((image_size, image_size, channels), name="images")
     features = resnet_backbone(
-        inputs, width, tuple(blocks), bn_momentum, bn_epsilon, zero_init_residual, kernels
+        inputs,
+        width,
+        tuple(blocks),
+        bn_momentum,
+        bn_epsilon,
+        zero_init_residual,
+        kernels,
+        stride_padding,
     )[-1]
     x = layers.GlobalAveragePooling2D(name="pool")(features)
     logits = layers.Dense(
         num_classes,
-        kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+        kernel_initializer=(
+            _he_fan_out()
+            if logits_initializer == "variance_scaling"
+            else keras.initializers.RandomNormal(stddev=0.01)
+        ),
         dtype="float32",
         name="logits",
     )(x)

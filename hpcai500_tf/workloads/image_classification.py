@@ -127,11 +127,12 @@ class ImageClassification:
         return self.data.source != "random"
 
     def build_model(self) -> keras.Model:
-        model = self.model_config  # its fields are the model's arguments, by name
+        model = dataclasses.asdict(self.model_config)  # the model's arguments, by name...
+        model.pop("input_normalisation")  # ...but this one, which `model_inputs` applies
         return resnet.resnet50_v15(
             image_size=self.data.image_size,
             num_classes=self.data.num_classes,
-            **{**dataclasses.asdict(model), "blocks": tuple(model.blocks)},
+            **{**model, "blocks": tuple(model["blocks"])},
         )
 
     def input_shape(self) -> tuple[int, int, int]:
@@ -181,9 +182,9 @@ class ImageClassification:
         )
 
     def model_inputs(self, images):
-        """The model's input from a batch of uint8 pixels: float32, normalised by the ImageNet
-        channel statistics. Called inside the step, so it runs on the device."""
-        return imagenet.normalise(images)
+        """The model's input from a batch of uint8 pixels: float32, normalised as
+        `model.input_normalisation` says. Called inside the step, so it runs on the device."""
+        return imagenet.normalise(images, self.model_config.input_normalisation)
 
     def per_example_loss(self, model, images, labels, label_smoothing: float):
         logits = model(self.model_inputs(images), training=True)
@@ -214,6 +215,11 @@ class ImageClassification:
             "blocks": m.blocks,
             "image_size": self.data.image_size,
             "num_classes": self.data.num_classes,
+            # the forms the reference and this project's earlier recipe differ in
+            "zero_init_residual": m.zero_init_residual,
+            "logits_initializer": m.logits_initializer,
+            "stride_padding": m.stride_padding,
+            "input_normalisation": m.input_normalisation,
         }
 
     def dataset_name(self) -> str:

@@ -76,9 +76,26 @@ class ImageClassificationData:
         return None
 
 
+# The model's forms that the reference and this project's earlier recipe differ in, each with
+# what it means (docs/image_classification.md); the first of each is the reference's.
+LOGITS_INITIALIZERS = {
+    "variance_scaling": "truncated normal, variance 2 / fan-out (classes)",
+    "normal_0.01": "normal, standard deviation 0.01",
+}
+STRIDE_PADDINGS = {
+    "symmetric": "strided k x k convolutions pad (k - 1) // 2 before, the rest after",
+    "same": "Keras 'same': on even inputs one pixel less before than after",
+}
+INPUT_NORMALISATIONS = {
+    "mean_255": "(pixel - channel mean) / 255",
+    "mean_std": "(pixel - channel mean) / channel standard deviation",
+}
+
+
 @dataclass(frozen=True)
 class ImageClassificationModel:
-    """`[model]` of image_classification: the ResNet-50 v1.5's size and kernels."""
+    """`[model]` of image_classification: the ResNet-50 v1.5's size, initialisation, padding,
+    input normalisation and kernels."""
 
     width: float
     blocks: list[int]
@@ -86,10 +103,22 @@ class ImageClassificationModel:
     bn_momentum: float
     bn_epsilon: float
     kernels: str  # auto | stock (models/kernels.py)
+    # The defaults are the forms this project built before the keys existed: configs saved
+    # then (run directories, records) load as what they ran. The presets name their own.
+    logits_initializer: str = "normal_0.01"
+    stride_padding: str = "same"
+    input_normalisation: str = "mean_std"
 
     def check(self) -> str | None:
         if problem := _backbone_problem(self):
             return problem
+        for name, choices in (
+            ("logits_initializer", LOGITS_INITIALIZERS),
+            ("stride_padding", STRIDE_PADDINGS),
+            ("input_normalisation", INPUT_NORMALISATIONS),
+        ):
+            if problem := config.choice_problem(name, getattr(self, name), choices):
+                return problem
         return config.out_of_range(self, blocks=(1, 100))
 
 
