@@ -17,7 +17,8 @@ those come from the command line or a sidecar file (JSON or TOML):
     [layers.L1]                      # any whole layer, e.g. from `hpcai500-tf sysinfo --json`
     summary = "8 x NVIDIA H100"      # (replaces what the log suggests for that layer)
 
-Timestamps are the log's own (`time_ms`); examples are epochs x `train_samples`.
+Timestamps are the log's own (`time_ms`); examples are epochs x `train_samples`. A whole
+MLPerf results repository, whose system descriptions say the rest: `mlperf_tree`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 PREFIX = ":::MLLOG "
+LINE = "_line"  # where read_log keeps an event's line number in the log
 REQUIRED = {
     "run_start": "the start of the timed run",
     "run_stop": "the end of the timed run",
@@ -59,7 +61,8 @@ _CHECK_SIDECAR = compile_shape(SIDECAR_SHAPE, closed=True, optional=True)
 
 
 def read_log(path: Path) -> tuple[list[dict], list[str]]:
-    """The log's events in order, and warnings for lines that could not be read."""
+    """The log's events in order (each with its line number under LINE), and warnings for
+    lines that could not be read."""
     text = record_io.read_regular_file(path, "MLPerf log")
     events, bad = [], []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -75,6 +78,7 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
             bad.append(number)
             continue
         if _well_formed(event):
+            event[LINE] = number
             events.append(event)
         else:
             bad.append(number)
@@ -163,6 +167,21 @@ def build_record(
     """The record of an MLPerf log (see the module's doc for what else it needs)."""
     path = Path(log_path)
     events, warnings = read_log(path)
+    return record_from_events(events, warnings, path, sidecar, benchmark_name)
+
+
+def record_from_events(
+    events: list[dict],
+    warnings: list[str],
+    path: Path,
+    sidecar: dict,
+    benchmark_name: str | None = None,
+    record_config: dict | None = None,
+    flops: dict | None = None,
+) -> tuple[dict, list[str]]:
+    """The record of a log's events; `record_config` is what the record keeps of how it was
+    imported (default: the log's path and the sidecar), `flops` the count without its total
+    (default: the sidecar's flops_per_example, method and basis)."""
     _require(events, sidecar, path)
     benchmark = config.load_benchmark(_benchmark_name(events, sidecar, benchmark_name, path))
     timeline, curve, global_batch = _timeline_and_curve(events, path)
@@ -171,7 +190,6 @@ def build_record(
     status = "imported" if status_value == "success" else "stopped"
     if status == "stopped":
         warnings.append(f"the log's run_stop says '{status_value}'")
-    trained = max([e["epoch"] for e in timeline["epochs"]] + [p["epoch"] for p in curve], default=0)
     record = record_builder.build_record(
         benchmark,
         preset=sidecar.get("preset", "imported"),
@@ -180,13 +198,14 @@ def build_record(
         framework=sidecar["framework"],
         imported_from=str(path),
         layers=layers,
-        config={"imported_from": str(path), "sidecar": sidecar},
+        config=record_config or {"imported_from": str(path), "sidecar": sidecar},
         timeline=timeline,
         curve=curve,
         metric=benchmark.quality_metric,
         target=float(layers["L9"]["target_quality"]),
         measured=True,
-        flops={
+        flops=flops
+        or {
             "per_example_training": float(sidecar["flops_per_example"]),
             "per_example_forward": None,
             "analytical_per_example_forward": None,
@@ -198,10 +217,15 @@ def build_record(
         energy=record_io.energy_not_measured("an MLPerf training log carries no power readings"),
         warnings=warnings,
         artifacts={"mlperf_log": str(path)},
-        trained_epochs=trained,
+        trained_epochs=trained_epochs(timeline, curve),
     )
     record_io.validate(record, path)  # what the log says wrong is named by the log's path
     return record, warnings
+
+
+def trained_epochs(timeline: dict, curve: list[dict]) -> float:
+    """The last epoch the log ended or evaluated."""
+    return max([e["epoch"] for e in timeline["epochs"]] + [p["epoch"] for p in curve], default=0)
 
 
 def _require(events: list[dict], sidecar: dict, path: Path) -> None:
@@ -256,7 +280,7 @@ def _timeline_and_curve(events: list[dict], path: Path) -> tuple[dict, list[dict
             or not 0 <= accuracy <= 1
         ):
             raise UserError(f"{path}: eval_accuracy {accuracy!r} is not a fraction in [0, 1]")
-        epoch = _epoch_of(event, path)
+        epoch = epoch_of(event, path)
         curve.append(
             {
                 "epoch": epoch,
@@ -267,9 +291,9 @@ def _timeline_and_curve(events: list[dict], path: Path) -> tuple[dict, list[dict
         )
     epochs = [
         {
-            "epoch": int(_epoch_of(e, path)),
+            "epoch": int(epoch_of(e, path)),
             "elapsed_s": _seconds(e) - run_start,
-            "examples": int(_epoch_of(e, path)) * epoch_size,
+            "examples": int(epoch_of(e, path)) * epoch_size,
         }
         for e in events
         if e["key"] == "epoch_stop"
@@ -285,7 +309,8 @@ def _timeline_and_curve(events: list[dict], path: Path) -> tuple[dict, list[dict
     return timeline, curve, global_batch
 
 
-def _epoch_of(event: dict, path: Path) -> float:
+def epoch_of(event: dict, path: Path) -> float:
+    """The epoch an epoch_stop or eval_accuracy line states (metadata.epoch_num)."""
     metadata = event.get("metadata") or {}
     epoch = metadata.get("epoch_num", metadata.get("epoch_count"))
     if not is_finite_number(epoch) or not 0 <= epoch <= 10_000:
@@ -294,6 +319,26 @@ def _epoch_of(event: dict, path: Path) -> float:
             f"(got {epoch!r:.80})"
         )
     return epoch
+
+
+def first_values(events: list[dict]) -> dict:
+    """Each key's first value, in one pass (linear in the log)."""
+    values: dict = {}
+    for event in events:
+        values.setdefault(event["key"], event.get("value"))
+    return values
+
+
+def log_hyperparameters(events: list[dict]) -> dict:
+    """L8 as the log states it: the optimizer's keys (opt_*, sgd_opt_*, lars_*), the seed and
+    label smoothing, each key's first value."""
+    values = first_values(events)
+    return {
+        key: values[key]
+        for key in sorted(values)
+        if key.startswith(("opt_", "sgd_opt", "lars_opt", "lars_"))
+        or key in ("seed", "label_smoothing")
+    }
 
 
 def _layers(
@@ -307,9 +352,6 @@ def _layers(
         "target_quality": float(sidecar.get("target_quality", benchmark.target_quality)),
         "epochs": sidecar.get("epochs", benchmark.epochs),
     }
-    first_values: dict = {}  # each key's first value, in one pass (linear)
-    for event in events:
-        first_values.setdefault(event["key"], event.get("value"))
     layers = {
         "L1": {"summary": _value(events, "submission_platform")},
         "L2": {},
@@ -321,12 +363,7 @@ def _layers(
         },
         "L6": {"parallelism": "data_parallel", "synchronous": True, "global_batch": global_batch},
         "L7": {},
-        "L8": {
-            key: first_values[key]
-            for key in sorted(first_values)
-            if key.startswith(("opt_", "sgd_opt", "lars_opt", "lars_"))
-            or key in ("seed", "label_smoothing")
-        },
+        "L8": log_hyperparameters(events),
         "L9": problem,
     }
     layers |= sidecar.get("layers", {})  # the submitter's statement replaces what the log says

@@ -484,6 +484,7 @@ FLOP_BASES = {
     "tensorflow-profiler": "TensorFlow's op statistics over the train step that ran",
     "pytorch-flop-counter": "torch.utils.flop_counter over one train step (no update)",
     "analytical-resnet50-v1": "ResNet-50 v1: 3.86 GMACs forward x 2 x 3 = 23.16 GFLOPs/image",
+    "analytical-resnet50-v1.5": "ResNet-50 v1.5 at 224x224: 8.18 GFLOPs forward x 3 = 24.54 GFLOPs",
     "submitter": "a count given by the submitter with an imported log",
 }
 

@@ -79,7 +79,7 @@ def test_level_rules_decide_what_may_differ(published_record, ic):
     tuned["layers"]["L5"] = {"framework": "tensorflow"}
     tuned["layers"]["L6"] = {"parallelism": "data_parallel", "synchronous": True}
     tuned["layers"]["L7"] = dict(ic.reference_layers["L7"])
-    tuned["layers"]["L8"] = dict(ic.reference_layers["L8"], momentum=0.9)
+    tuned["layers"]["L8"] = dict(ic.reference_layers["L8"], momentum=0.9, loss_scaling="none")
     free = scoring.rank([("t", tuned)], ic, levels["free"], repeatability)
     assert len(free.submissions) == 1
     system = scoring.rank([("t", tuned)], ic, levels["system"], repeatability)

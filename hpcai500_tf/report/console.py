@@ -13,7 +13,7 @@ from rich.text import Text
 from hpcai500_tf.compare import Comparison
 from hpcai500_tf.report.text import printable
 from hpcai500_tf.scaling import Series
-from hpcai500_tf.scoring import Ranking, Score
+from hpcai500_tf.scoring import MLPERF_READING, Ranking, Score
 
 # The nine layers in words, as a reader says them (a record's keys: record.LAYER_KEYS).
 LAYER_NAMES = {
@@ -134,11 +134,12 @@ def score_table(path: str, record: dict, score: Score) -> Table:
         "Quality",
         f"{score.quality:.4f} {escape(quality['metric'])} (target {score.target}, {reached})",
     )
-    table.add_row(
-        "Time to quality",
-        f"{duration(score.time_to_quality_s)} (the score's reading: the end of "
-        "the last required epoch, SPEC section 3)",
+    reading = (
+        score.reading
+        if score.reading.startswith(MLPERF_READING)
+        else "the score's reading: the end of the last required epoch, SPEC section 3"
     )
+    table.add_row("Time to quality", f"{duration(score.time_to_quality_s)} ({escape(reading)})")
     crossing = quality["first_crossing"]
     table.add_row(
         "First on target",
@@ -176,40 +177,51 @@ def score_table(path: str, record: dict, score: Score) -> Table:
     return table
 
 
+def runs_text(submission) -> str:
+    """How many runs a submission has, and of them how many did not converge (MLPerf's)."""
+    runs = str(len(submission.paths) + len(submission.not_converged))
+    if submission.not_converged:
+        runs += f" ({len(submission.not_converged)} did not converge)"
+    return runs
+
+
+def accelerators_text(system: dict) -> str:
+    """'16 x NVIDIA H100' from a submission's system facts; '-' where they do not say."""
+    model, count = system.get("accelerator"), system.get("accelerators")
+    if model is None:
+        return "none" if count == 0 else "-"
+    return f"{count} x {model}" if count is not None else str(model)
+
+
 def ranking_table(ranking: Ranking) -> Table:
+    """The ranking, one row per submission; its flags as numbered notes under the table."""
+    bases = sorted({x.flop_basis for s in ranking.submissions for x in s.scores})
+    notes = list(dict.fromkeys(note for s in ranking.submissions for note in s.notes))
+    caption = [f"FLOP basis: {', '.join(bases)}"] if bases else []
+    caption += [f"[{number}] {note}" for number, note in enumerate(notes, start=1)]
     table = Table(
         title=escape(
             f"{ranking.benchmark}: {ranking.level} level, convention {ranking.convention}"
         ),
-        caption=escape("\n".join(ranking.warnings)) or None,
+        caption=escape("\n".join(caption + ranking.warnings)) or None,
     )
-    for column in (
-        "#",
-        "System",
-        "Runs",
-        "Valid FLOPS",
-        "Time to quality",
-        "FLOP basis",
-        "CV time",
-        "CV Valid FLOPS",
-        "Flags",
-    ):
+    for column in ("#", "System", "Accelerators", "Nodes", "Framework", "Runs", "Valid FLOPS",
+                   "Time to quality", "Quality", "Flags"):  # fmt: skip
         table.add_column(column)
-
-    def cv(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1%}"
-
     for position, s in enumerate(ranking.submissions, start=1):
+        nodes, framework = s.system.get("nodes"), s.system.get("framework")
+        flags = " ".join(f"[{notes.index(note) + 1}]" for note in s.notes)
         table.add_row(
             str(position),
             escape(s.label),
-            str(len(s.paths)),
+            escape(accelerators_text(s.system)),
+            "-" if nodes is None else escape(nodes),
+            "-" if framework is None else escape(framework),
+            runs_text(s),
             si(s.valid_flops, "FLOPS"),
             duration(s.time_to_quality_s),
-            escape(", ".join(sorted({x.flop_basis for x in s.scores}))),
-            cv(s.cv_time_to_quality),
-            cv(s.cv_valid_flops),
-            Text(printable("\n".join(s.notes)), style="red") if s.notes else "-",
+            f"{s.quality:.4f}",
+            Text(flags, style="red") if flags else "-",
         )
     return table
 

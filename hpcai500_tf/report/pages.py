@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import html
 import re
-import statistics
 from pathlib import Path
 
 from hpcai500_tf import __version__, config, scoring
@@ -298,7 +297,7 @@ def _score_section(record: dict) -> str:
             "Quality",
             f"{score.quality:.4f} {escape(quality['metric'])} (target {score.target:g}, {reached})",
         ),
-        ("Time to quality", f"{duration(score.time_to_quality_s)} ({READING})"),
+        ("Time to quality", f"{duration(score.time_to_quality_s)} ({escape(_reading(score))})"),
         ("First on target", first),
         (
             "Total FLOPs",
@@ -313,6 +312,10 @@ def _score_section(record: dict) -> str:
         rows.append(("Average power", si(score.average_watts, "W")))
     rows.append(("Energy", escape(score.energy_note)))
     return _section("score", "Score", _card(rows))
+
+
+def _reading(score: scoring.Score) -> str:
+    return score.reading if score.reading.startswith(scoring.MLPERF_READING) else READING
 
 
 def _quality_section(record: dict) -> str:
@@ -500,8 +503,10 @@ def _warnings_section(record: dict) -> str:
 
 def index_page(runs: list[RunFiles], names: list[str]) -> str:
     """The ranking of the runs in the form of the published HPC AI500 ranking, a table per
-    benchmark, each row linking to its run pages; then the refused runs with the rule each
-    breaks (runs without a record among them)."""
+    benchmark, each row linking to its run pages; where runs refused at the benchmark's own
+    problem rank under the published 2020 table's reading (MLPerf results), that ranking too,
+    beside the table's nine entries; then the refused runs with the rule each breaks (runs
+    without a record among them)."""
     page_of = {run.argument: name for run, name in zip(runs, names, strict=True)}
     record_of = {run.argument: run.record for run in runs}
     refused = [(run.argument, run.notes("record")) for run in runs if run.record is None]
@@ -518,15 +523,36 @@ def index_page(runs: list[RunFiles], names: list[str]) -> str:
             continue
         parts.append(_ranking_table(ranking, page_of, record_of))
         refused += ranking.refused
+        beside = _published_reading(records, ranking)
+        if beside is not None:
+            parts.append(_ranking_table(beside, page_of, record_of))
+            shown = {path for path, _ in refused}
+            refused += [
+                (path, [f"{beside.convention}: {reason}" for reason in reasons])
+                for path, reasons in beside.refused
+                if path in page_of and path not in shown
+            ]
     if refused:
         rows = [[_run_link(path, page_of), _list(reasons)] for path, reasons in refused]
         parts.append(_section("refused", "Refused runs", _table(["Run", "Rule broken"], rows)))
     parts.append(
         f"<footer><p>Written by hpcai500-tf {escape(__version__)}. Ranked at the {LEVEL} level "
         "by Valid FLOPS = FLOPS x (quality / target)<sup>n</sup>, recomputed from each record; "
-        "runs equal on all nine layers but the seed are one submission.</p></footer>"
+        "runs equal on all nine layers but the seed, and the results of one MLPerf system, are "
+        "one submission.</p></footer>"
     )
     return _document("HPC AI500 V2.0 ranking", "".join(parts))
+
+
+def _published_reading(records: list[tuple[str, dict]], ranking: scoring.Ranking):
+    """The ranking under the published 2020 table's conventions, where it ranks runs the
+    stated one refuses; None otherwise (or where the benchmark has no such convention)."""
+    if scoring.PUBLISHED not in _benchmark(ranking.benchmark).conventions:
+        return None
+    (beside,) = scoring.rank_records(records, None, LEVEL, convention=scoring.PUBLISHED)
+    refused = {path for path, _ in ranking.refused}
+    placed = {p for s in beside.submissions for p in s.paths + s.not_converged}
+    return beside if placed & refused else None
 
 
 def _run_link(path: str, page_of: dict[str, str]) -> str:
@@ -537,30 +563,54 @@ def _ranking_table(ranking: scoring.Ranking, page_of: dict, record_of: dict) -> 
     rows = []
     for position, submission in enumerate(ranking.submissions, start=1):
         first = submission.paths[0]
-        system = record_of[first]["layers"]["L1"].get("summary") or "unknown system"
+        system = submission.label if first in page_of else f"{submission.label} (published 2020)"
+        if first in record_of and scoring.mlperf_result(record_of[first]) is None:
+            system = record_of[first]["layers"]["L1"].get("summary") or "unknown system"
         flags = "".join(f'<div class="flags">{escape(note)}</div>' for note in submission.notes)
-        quality = statistics.fmean(score.quality for score in submission.scores)
+        link = (
+            f'<a href="{escape(page_of[first])}">{escape(system)}</a>'
+            if first in page_of
+            else escape(system)
+        )
         runs = ", ".join(
             f'<a href="{escape(page_of[path])}">{escape(Path(page_of[path]).stem)}</a>'
-            for path in submission.paths
+            + (" (did not converge)" if path in submission.not_converged else "")
+            for path in submission.paths + submission.not_converged
+            if path in page_of
         )
+        facts = submission.system
         rows.append(
             [
                 str(position),
-                f'<a href="{escape(page_of[first])}">{escape(system)}</a>{flags}',
+                link + flags,
+                *(
+                    "-" if facts.get(key) is None else escape(facts[key])
+                    for key in ("accelerator", "accelerators", "nodes", "framework")
+                ),
                 si(submission.valid_flops, "FLOPS"),
                 duration(submission.time_to_quality_s),
-                f"{quality:.4f}",
+                f"{submission.quality:.4f}",
                 escape(ranking.level),
-                runs,
+                runs or "-",
             ]
         )
-    head = ["Rank", "System", "Valid FLOPS", "Time to quality", "Quality", "Level", "Runs"]
+    head = ["Rank", "System", "Accelerator", "Count", "Nodes", "Framework", "Valid FLOPS",
+            "Time to quality", "Quality", "Level", "Runs"]  # fmt: skip
     metric = _benchmark(ranking.benchmark).quality_metric
     caption = (
         f'<p class="meta">{escape(ranking.benchmark)}: {escape(ranking.level)} level, '
         f"convention {escape(ranking.convention)}, quality as {escape(metric)}.</p>"
     )
+    if ranking.convention == scoring.PUBLISHED:
+        rule = _benchmark(ranking.benchmark).convention(ranking.convention)
+        caption += (
+            f'<p class="meta">The July 2020 ranking\'s reading ({escape(rule.description)}; '
+            "every run scored at the benchmark's problem: quality against its target, the FLOPs "
+            "of its epochs), beside that ranking's nine entries. An MLPerf result is timed as "
+            "MLPerf times it (run_stop - run_start), a system's time MLPerf's olympic mean.</p>"
+        )
     warnings = _list(ranking.warnings) if ranking.warnings else ""
     table = _table(head, rows) if rows else "<p>No run of this benchmark could be ranked.</p>"
-    return _section(f"ranking-{ranking.benchmark}", ranking.benchmark, caption, table, warnings)
+    anchor = f"ranking-{ranking.benchmark}-{ranking.convention}"
+    title = f"{ranking.benchmark} ({ranking.convention})"
+    return _section(anchor, title, caption, table, warnings)
