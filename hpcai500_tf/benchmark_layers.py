@@ -18,7 +18,8 @@ from pathlib import Path
 
 from hpcai500_tf import tensorflow_import
 from hpcai500_tf.config import peak_learning_rate
-from hpcai500_tf.workloads.settings import BATCH_NORM_KERNELS
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.models.kernel_choices import BATCH_NORM_KERNELS
 
 # ISA features that decide which kernels a CPU can run fast for training.
 _RELEVANT_ISA = (
@@ -266,6 +267,25 @@ def cuda_visible_gpus(value: str | None, uuids: list[str]) -> tuple[list[int] | 
 # by `--workers N`: every worker sees every GPU (NCCL's peer-to-peer path between them needs
 # that on some NCCL versions) and computes on its share (tf.config.set_visible_devices).
 WORKER_GPUS = "HPCAI500_WORKER_GPUS"
+# How a worker is kept to its share: set_visible_devices (every GPU visible, TensorFlow told
+# its share) or cuda_visible_devices (each worker sees only its share), by this variable.
+GPU_PLACEMENT = "HPCAI500_GPU_PLACEMENT"
+PLACEMENTS = ("set_visible_devices", "cuda_visible_devices")
+
+
+def gpu_placement(environ, entries: list[str], who: str = "worker") -> str:
+    """The placement GPU_PLACEMENT asks for, or the default for these CUDA_VISIBLE_DEVICES
+    `entries`: cuda_visible_devices for MIG instances (they have no CUDA IPC, so no
+    peer-to-peer path to keep), set_visible_devices otherwise; an unknown one is one line."""
+    mig = any(entry.startswith("MIG-") for entry in entries)
+    placement = environ.get(GPU_PLACEMENT) or PLACEMENTS[1 if mig else 0]
+    if placement not in PLACEMENTS:
+        raise UserError(
+            f"{GPU_PLACEMENT}={placement!r}: use set_visible_devices (the default: every "
+            f"{who} sees every GPU and TensorFlow computes on its share) or "
+            f"cuda_visible_devices (each {who} sees only its share)"
+        )
+    return placement
 
 
 def worker_gpu_positions(value: str, count: int) -> tuple[list[int] | None, str | None]:

@@ -9,9 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcai500_tf import record as record_io
 from hpcai500_tf import validation
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import read_regular_file
+from hpcai500_tf.layers import LAYER_IDS
+from hpcai500_tf.validation import INT32_MAX, choice_problem, out_of_range, section
+from hpcai500_tf.workloads import settings
 
 
 def _shipped_configs() -> Path:
@@ -24,8 +28,6 @@ def _shipped_configs() -> Path:
 
 
 CONFIG_DIR = _shipped_configs()
-LAYER_IDS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9")
-INT32_MAX = 2**31 - 1  # the largest seed, count or size TensorFlow and numpy take
 
 
 @dataclass(frozen=True)
@@ -320,30 +322,6 @@ def check_numbers(config: dict) -> None:
                     )
 
 
-def out_of_range(settings, **ranges: tuple[float, float]) -> str | None:
-    """What is wrong with the first named field of `settings` (a number, or a list of numbers)
-    outside its closed range [low, high], or None."""
-    for name, (low, high) in ranges.items():
-        value = getattr(settings, name)
-        for item in value if isinstance(value, list) else [value]:
-            if not low <= item <= high:
-                return f"{name} must be in [{low:,}, {high:,}], got {item}"
-    return None
-
-
-def section(cls, table: Any, where: str):
-    """Build dataclass `cls` from a config table: unknown keys, wrong types and ranges refused,
-    each in the one shape of `validation` ("config: 'training.epochs' must be an integer, ...").
-
-    `cls` may define `check(self) -> str | None` returning what is wrong.
-    """
-    built = cls(**validation.dataclass_values(cls, table, where, "config"))
-    problem = built.check() if hasattr(built, "check") else None
-    if problem:
-        raise validation.rule_broken("config", where, problem, cls.__dataclass_fields__)
-    return built
-
-
 @dataclass(frozen=True)
 class TrainingConfig:
     """Engine settings: how the run is distributed, timed, evaluated and checkpointed."""
@@ -403,13 +381,6 @@ LOSS_SCALINGS = {
     "dynamic": "float16 loss scale halved on overflow (the step skipped), doubled after 2000 steps",
     "fixed": "float16 loss times a fixed loss_scale, gradients divided by it, every step applied",
 }
-
-
-def choice_problem(name: str, value: str, choices) -> str | None:
-    """The one line for a value outside its choices, naming them; None when it is one."""
-    if value in choices:
-        return None
-    return f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
 
 
 @dataclass(frozen=True)
@@ -510,8 +481,6 @@ def setup_from(benchmark: Benchmark, preset: str, config: dict) -> Setup:
     training = section(TrainingConfig, config.get("training"), "training")
     optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
     communication = section(CommunicationConfig, config.get("communication"), "communication")
-    from hpcai500_tf.workloads import settings  # settings imports this module
-
     settings.data_and_model(benchmark.name, config)  # the workload's own sections, checked now
     return Setup(benchmark, preset, config, training, optimizer, communication)
 
@@ -602,8 +571,6 @@ def saved_config(setup: Setup) -> dict:
 def setup_of_run(run_dir: str | Path, file_name: str = "config.json") -> Setup | None:
     """The config a run directory was started with; None for a directory written before
     config.json named its benchmark (resume it with the benchmark and preset given again)."""
-    from hpcai500_tf import record as record_io  # record imports this module
-
     path = Path(run_dir) / file_name
     if not path.is_file():
         raise UserError(f"{run_dir}: not a run directory (no {file_name})")
@@ -677,8 +644,6 @@ def roofline_setup(
 ) -> tuple[Setup, dict | None]:
     """The workload the roofline places: a finished run's own config (from its record), or a
     preset's; on random data either way. Returns the setup and the record (or None)."""
-    from hpcai500_tf import record as record_io  # record imports this module
-
     if record_path is None:
         setup = prepare(benchmark_name, preset, overrides)
         return without_data(setup, batch_per_replica), None

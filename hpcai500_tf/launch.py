@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpcai500_tf import record as record_io
-from hpcai500_tf.benchmark_layers import WORKER_GPUS, worker_gpu_positions
+from hpcai500_tf.benchmark_layers import WORKER_GPUS, gpu_placement, worker_gpu_positions
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
@@ -38,8 +38,6 @@ TERM_GRACE_S = 5.0
 THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DEFAULT_FAILURE_GRACE_S = 30.0
 # How a worker is kept to its GPUs: inside TensorFlow (the default), or by CUDA.
-GPU_PLACEMENT = "HPCAI500_GPU_PLACEMENT"
-PLACEMENTS = ("set_visible_devices", "cuda_visible_devices")
 
 
 def worker_args(args) -> list[str]:
@@ -118,16 +116,7 @@ def worker_environments(
     MIG instances) as its own CUDA_VISIBLE_DEVICES. A worker count that does not divide the
     GPUs is refused: the workers would get unequal shares, and the strategy needs the same
     replicas on every worker."""
-    # MIG instances have no CUDA IPC, so no peer-to-peer path to keep: each worker is given its
-    # own instances, as CUDA enumerates them per process.
-    mig = any(entry.startswith("MIG-") for entry in gpus)
-    placement = base_env.get(GPU_PLACEMENT) or PLACEMENTS[1 if mig else 0]
-    if placement not in PLACEMENTS:
-        raise UserError(
-            f"{GPU_PLACEMENT}={placement!r}: use set_visible_devices (the default: every "
-            "worker sees every GPU and TensorFlow computes on its share) or "
-            "cuda_visible_devices (each worker sees only its share)"
-        )
+    placement = gpu_placement(base_env, gpus)
     positions = list(range(len(gpus)))
     if gpus and base_env.get(WORKER_GPUS) is not None:  # a share already: it is split
         positions, problem = worker_gpu_positions(base_env[WORKER_GPUS], len(gpus))

@@ -16,25 +16,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hpcai500_tf.config import LAYER_IDS
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import MAX_FILE_BYTES, read_regular_file  # noqa: F401 (re-exported)
+from hpcai500_tf.layers import LAYER_IDS, LAYER_KEYS  # noqa: F401 (LAYER_KEYS re-exported)
 from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 SCHEMA_VERSION = 2  # 2: SPEC section 3's end-of-run reading, first crossing kept; FLOP basis
 KIND = "hpcai500-record"
 STATUSES = ("completed", "diverged", "stopped", "failed", "imported")
-LAYER_KEYS = {
-    "L1": "hardware",
-    "L2": "os",
-    "L3": "communication",
-    "L4": "accelerator_libraries",
-    "L5": "framework",
-    "L6": "programming_model",
-    "L7": "workload",
-    "L8": "hyperparameters",
-    "L9": "problem",
-}
 
 # The record's shape (see `validation` for the notation). Unknown extra keys are allowed
 # (forward-compatible: a newer tool may add fields an older one reads past).

@@ -45,6 +45,7 @@ PLURAL_WORDS = {
     "num": "finite numbers",
     "dict": "objects",
 }
+INT32_MAX = 2**31 - 1  # the largest seed, count or size TensorFlow and numpy take
 SHOWN_CHARACTERS = 80  # a value longer than this, as Python writes it, is cut in a message
 
 
@@ -226,3 +227,37 @@ def rule_broken(source: Source, where: str, problem: str, names) -> UserError:
     if rest and name in names:
         return UserError(f"{source}: '{dotted(where, name)}' must be {rest}")
     return UserError(f"{source}: {where}: {problem}")
+
+
+# ------------------------------------------------------------------------ config sections
+
+
+def out_of_range(settings, **ranges: tuple[float, float]) -> str | None:
+    """What is wrong with the first named field of `settings` (a number, or a list of numbers)
+    outside its closed range [low, high], or None."""
+    for name, (low, high) in ranges.items():
+        value = getattr(settings, name)
+        for item in value if isinstance(value, list) else [value]:
+            if not low <= item <= high:
+                return f"{name} must be in [{low:,}, {high:,}], got {item}"
+    return None
+
+
+def choice_problem(name: str, value: str, choices) -> str | None:
+    """The one line for a value outside its choices, naming them; None when it is one."""
+    if value in choices:
+        return None
+    return f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+
+
+def section(cls, table: Any, where: str):
+    """Build dataclass `cls` from a config table: unknown keys, wrong types and ranges refused,
+    each in the one shape of `validation` ("config: 'training.epochs' must be an integer, ...").
+
+    `cls` may define `check(self) -> str | None` returning what is wrong.
+    """
+    built = cls(**dataclass_values(cls, table, where, "config"))
+    problem = built.check() if hasattr(built, "check") else None
+    if problem:
+        raise rule_broken("config", where, problem, cls.__dataclass_fields__)
+    return built

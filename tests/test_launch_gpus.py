@@ -10,10 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from hpcai500_tf import config, launch
-from hpcai500_tf.benchmark_layers import WORKER_GPUS
+from hpcai500_tf.benchmark_layers import GPU_PLACEMENT, WORKER_GPUS
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.launch import GPU_PLACEMENT
 
 EIGHT_GPUS = [str(index) for index in range(8)]
 SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"

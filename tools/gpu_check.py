@@ -51,15 +51,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import WORKER_GPUS, gpu_selection
+from hpcai500_tf.benchmark_layers import GPU_PLACEMENT, PLACEMENTS, WORKER_GPUS, gpu_selection
 from hpcai500_tf.errors import ArgumentParser
-from hpcai500_tf.launch import (
-    GPU_PLACEMENT,
-    PLACEMENTS,
-    free_ports,
-    tf_configs,
-    worker_environments,
-)
+from hpcai500_tf.launch import free_ports, tf_configs, worker_environments
 from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]

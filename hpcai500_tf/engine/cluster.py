@@ -183,16 +183,7 @@ def slurm_gpu_variables(
     every GPU, as with `--workers N`); or the slice as CUDA_VISIBLE_DEVICES with
     HPCAI500_GPU_PLACEMENT=cuda_visible_devices, the default for MIG instances. A share set
     already, other than this task's, is refused: Slurm hands out the GPUs here."""
-    from hpcai500_tf.launch import GPU_PLACEMENT, PLACEMENTS  # launch imports this module
-
-    mig = any(entry.startswith("MIG-") for entry in visible)
-    placement = environ.get(GPU_PLACEMENT) or PLACEMENTS[1 if mig else 0]
-    if placement not in PLACEMENTS:
-        raise UserError(
-            f"{GPU_PLACEMENT}={placement!r}: use set_visible_devices (the default: every "
-            "task sees every GPU of its node and TensorFlow computes on its share) or "
-            "cuda_visible_devices (each task sees only its share)"
-        )
+    placement = benchmark_layers.gpu_placement(environ, visible, "task")
     variables = {}
     if task.gpus and tuple(visible) != task.gpus:  # a slice (slurm.gpu_share), by local index
         if placement == "cuda_visible_devices":

@@ -40,7 +40,7 @@ import tensorflow as tf
 from keras import layers
 
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.workloads.settings import KERNEL_CHOICES
+from hpcai500_tf.models.kernel_choices import KERNEL_CHOICES
 
 AUTO, STOCK = KERNEL_CHOICES  # the values of `model.kernels` (checked with the config)
 CPU_WORKAROUNDS = "cpu-workarounds"

@@ -245,3 +245,6 @@ class ExtremeWeather:
 
 def _years(years: list[int]) -> str:
     return ",".join(map(str, sorted(years)))
+
+
+WORKLOAD = ExtremeWeather

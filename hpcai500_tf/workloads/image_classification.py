@@ -233,3 +233,6 @@ class ImageClassification:
 
     def analytical_forward_flops(self, model: keras.Model) -> float:
         return resnet.analytical_forward_flops(model)
+
+
+WORKLOAD = ImageClassification

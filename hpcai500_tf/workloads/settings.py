@@ -6,20 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcai500_tf import config
+from hpcai500_tf import validation
 from hpcai500_tf.errors import UserError
-
-KERNEL_CHOICES = ("auto", "stock")  # `model.kernels`; see models/kernels.py
-# What each resolved choice runs batch normalisation as (L7 `batch_norm`), by the name
-# models/kernels.py resolves it to: "auto" is the CPU workarounds without a GPU, fused batch
-# norm with stock layers on GPUs.
-BATCH_NORM_KERNELS = {
-    "cpu-workarounds": "fused (FusedBatchNormV3)",
-    "gpu-fused-batch-norm": "fused (FusedBatchNormV3: cuDNN on GPUs)",
-    # Keras 3's BatchNormalization (moments and normalisation as separate ops); the PyTorch
-    # runner's stock torch.nn.BatchNorm2d: the same name for both, as they are each one's own
-    "stock": "the framework's own batch-norm layer",
-}
+from hpcai500_tf.models.kernel_choices import KERNEL_CHOICES
 
 IMAGE_CLASSIFICATION_DATASETS = {
     "imagenet": "imagenet-1k",
@@ -59,13 +48,13 @@ class ImageClassificationData:
             return f"cache reads TFRecords once: it needs source = 'imagenet', not '{self.source}'"
         if self.cache_dir and not self.cache:
             return "cache_dir is where the cache goes: it needs cache = true"
-        problem = config.out_of_range(
+        problem = validation.out_of_range(
             self,
             image_size=(16, 4096),
             num_classes=(2, 100_000),
             label_offset=(0, 100_000),
-            train_examples=(0, config.INT32_MAX),
-            eval_examples=(0, config.INT32_MAX),
+            train_examples=(0, validation.INT32_MAX),
+            eval_examples=(0, validation.INT32_MAX),
             shuffle_buffer=(1, 10_000_000),
             noise=(0, 100),
         )
@@ -117,9 +106,9 @@ class ImageClassificationModel:
             ("stride_padding", STRIDE_PADDINGS),
             ("input_normalisation", INPUT_NORMALISATIONS),
         ):
-            if problem := config.choice_problem(name, getattr(self, name), choices):
+            if problem := validation.choice_problem(name, getattr(self, name), choices):
                 return problem
-        return config.out_of_range(self, blocks=(1, 100))
+        return validation.out_of_range(self, blocks=(1, 100))
 
 
 @dataclass(frozen=True)
@@ -143,7 +132,7 @@ class ExtremeWeatherData:
             return "train_years and eval_years must name at least one year each"
         if set(self.train_years) & set(self.eval_years):
             return "a year cannot be in both train_years and eval_years"
-        problem = config.out_of_range(
+        problem = validation.out_of_range(
             self,
             train_years=(1, 9999),
             eval_years=(1, 9999),
@@ -190,7 +179,7 @@ class ExtremeWeatherModel:
             return "anchor_sizes and anchor_ratios must not be empty"
         if min(self.anchor_sizes) <= 0 or min(self.anchor_ratios) <= 0:
             return "anchor sizes and ratios must be > 0"
-        return config.out_of_range(
+        return validation.out_of_range(
             self,
             blocks=(1, 100),
             anchor_sizes=(0, 16_384),
@@ -228,6 +217,6 @@ def data_and_model(benchmark_name: str, run_config: dict):
         raise UserError(f"benchmark '{benchmark_name}' has no training workload yet")
     data_class, model_class = SECTIONS[benchmark_name]
     return (
-        config.section(data_class, run_config.get("data"), "data"),
-        config.section(model_class, run_config.get("model"), "model"),
+        validation.section(data_class, run_config.get("data"), "data"),
+        validation.section(model_class, run_config.get("model"), "model"),
     )

@@ -1,0 +1,136 @@
+"""The package's arrows run one way: no import cycle between its modules (imports inside
+functions included) or between its subpackages, and a framework-neutral core that imports
+neither TensorFlow, Keras nor torch (checked in a process where they cannot be imported)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hpcai500_tf"
+FRAMEWORKS = ("tensorflow", "keras", "torch")
+
+# Config, checks, files, the record and its builder, scoring, compare, scaling, MLPerf logs
+# and results, energy, the run's lifecycle files (progress, resume state, MLPerf log lines),
+# Slurm, and the console and report pages.
+CORE = [
+    "analytical_flops", "compare", "config", "errors", "files", "layers", "mlperf_import",
+    "mlperf_system", "mlperf_tree", "record", "record_builder", "scaling", "scoring", "slurm",
+    "validation", "energy.integrate", "energy.meter_log", "energy.sampler", "energy.sources",
+    "engine.mllog", "engine.run_record", "engine.run_state", "models.kernel_choices",
+    "report.console", "report.pages", "report.run_files", "report.text", "workloads.settings",
+]  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every name an import statement anywhere in the file brings in (a `from X import y`
+    counts X and X.y: y may be a module)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: imports(path) & set(modules) - {name} for name, path in modules.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iteratively)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_itself_back():
+    assert cycles(graph()) == []
+
+
+def test_no_subpackage_imports_another_that_imports_it_back():
+    """engine -> energy, never energy -> engine; models never import workloads (the
+    package's own top-level modules are shared by all and left out)."""
+    by_package: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        parts = module.split(".")
+        if len(parts) < 3:
+            continue
+        by_package.setdefault(parts[1], set())
+        for target in targets:
+            other = target.split(".")
+            if len(other) >= 3 and other[1] != parts[1]:
+                by_package[parts[1]].add(other[1])
+    assert cycles(by_package) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_core_names_no_framework_anywhere():
+    for name in CORE:
+        path = PACKAGE / (name.replace(".", "/") + ".py")
+        named = {target.split(".")[0] for target in imports(path)}
+        assert not named & set(FRAMEWORKS), f"{name} imports {named & set(FRAMEWORKS)}"
+
+
+def test_the_core_imports_where_no_framework_can_be_imported():
+    script = f"""
+import importlib, sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {FRAMEWORKS!r}:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Blocked())
+for name in {CORE!r}:
+    importlib.import_module("hpcai500_tf." + name)
+print("imported", len({CORE!r}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"imported {len(CORE)}" in result.stdout
