@@ -55,7 +55,7 @@ def chained_rate(multiply, start, n: int, seconds: float) -> float:
 def measure(side: str, sizes: list[int], seconds: float, threads: int | None) -> dict:
     """GFLOP/s of one side ("tensorflow", "numpy" or "torch") per size and dtype. Each side
     runs in a process of its own: TensorFlow and a CUDA build of torch must not share one
-    (see tools/torch_data.py)."""
+    (see hpcai500_tf/pytorch/feeder.py)."""
     import numpy as np
 
     if threads:
@@ -75,8 +75,7 @@ def measure(side: str, sizes: list[int], seconds: float, threads: int | None) ->
     elif side == "torch":
         import torch
 
-        sys.path.insert(0, str(ROOT / "tools"))
-        from torch_build import torch_build
+        from hpcai500_tf.pytorch.build import torch_build
 
         if threads:
             torch.set_num_threads(threads)

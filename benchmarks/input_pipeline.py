@@ -20,7 +20,6 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +31,7 @@ def write_shards(directory: Path, images: int, shards: int = 4) -> None:
     import numpy as np
     import tensorflow as tf
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_imagenet_tfrecords import convert
+    from hpcai500_tf.data.image_folder import convert
 
     rng = np.random.default_rng(0)
     source = directory / "images"

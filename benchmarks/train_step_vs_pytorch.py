@@ -71,8 +71,7 @@ def timed_steps(step, steps: int, warmup: int) -> dict:
 def torch_step_times(precision: str, batch: int, image_size: int, steps: int, warmup: int):
     import torch
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    from torch_resnet import ResNet50V15
+    from hpcai500_tf.pytorch.resnet import ResNet50V15
 
     torch.manual_seed(0)
     model = ResNet50V15(1000).to(memory_format=torch.channels_last).train()
@@ -83,7 +82,7 @@ def torch_step_times(precision: str, batch: int, image_size: int, steps: int, wa
     images = torch.rand(batch, 3, image_size, image_size).to(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,))
 
-    from torch_build import torch_build
+    from hpcai500_tf.pytorch.build import torch_build
 
     build = torch_build(torch)
 

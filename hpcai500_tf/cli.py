@@ -118,7 +118,38 @@ def _directory(flag: str, path: str) -> Path:
     return out
 
 
+# What `train --framework pytorch` does not have yet, and the option that asks for it.
+PYTORCH_LACKS = {
+    "resume": "--resume",
+    "workers": "--workers",
+    "config": "--config",
+    "run_dir": "--run-dir",
+    "profile_steps": "--profile-steps",
+    "allow_cpu": "--allow-cpu",
+}
+
+
+def _train_pytorch(args: argparse.Namespace) -> int:
+    """The PyTorch runner in this process, which has not loaded TensorFlow (its data comes from
+    a TensorFlow process of its own): the same benchmark, preset and --set values."""
+    asked = [flag for name, flag in PYTORCH_LACKS.items() if getattr(args, name)]
+    if asked:
+        raise UserError(f"{asked[0]} is not available with --framework pytorch yet")
+    if args.benchmark is None:
+        raise UserError("train --framework pytorch: name the benchmark (e.g. image_classification)")
+    from hpcai500_tf.pytorch import train as pytorch_train
+
+    argv = [args.benchmark, "--preset", args.preset or "smoke", "--out", args.out]
+    argv += [f"--set={value}" for value in args.set]
+    argv += ["--power-hz", str(args.power_hz)]
+    argv += ["--data", args.data] if args.data else []
+    argv += ["--meter-log", args.meter_log] if args.meter_log else []
+    return pytorch_train.main(argv)
+
+
 def _train(args: argparse.Namespace) -> int:
+    if args.framework == "pytorch":
+        return _train_pytorch(args)
     from hpcai500_tf import config
     from hpcai500_tf.energy.sampler import check_rate
     from hpcai500_tf.engine.cluster import strategy_overrides
@@ -451,6 +482,13 @@ def build_parser() -> argparse.ArgumentParser:
         "profile plugin); those steps run slower, and the record says so",
     )
     _add_allow_cpu(train)
+    train.add_argument(
+        "--framework",
+        choices=("tensorflow", "pytorch"),
+        default="tensorflow",
+        help="tensorflow (default), or pytorch: the same preset in plain PyTorch, for comparing "
+        "L5 (needs the torch extra)",
+    )
     train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)
 

@@ -9,13 +9,12 @@ import tensorflow as tf
 
 from hpcai500_tf import config
 from hpcai500_tf.data import imagenet, procedural, tfrecords
+from hpcai500_tf.data.image_folder import convert
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from make_imagenet_tfrecords import convert  # noqa: E402
 
 
 def make_image_folder(root: Path, classes: int = 3, per_class: int = 4) -> Path:

@@ -76,9 +76,9 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "power": ([*CLI, "power", "--seconds", "0"], ""),
         "sysinfo": ([*CLI, "sysinfo", "--no-such-flag"], ""),
         # the PyTorch runner: its TensorFlow-side feeder process finds the data missing
-        "torch_train": (
-            [PYTHON, str(tools / "torch_train.py"), *tiny_imagenet],
-            "torch_train: error:",
+        "train --framework pytorch": (
+            [*CLI, "train", "--framework", "pytorch", *tiny_imagenet],
+            "",
         ),
         "make_imagenet_tfrecords": (
             [PYTHON, str(tools / "make_imagenet_tfrecords.py"), missing, out],

@@ -1,7 +1,8 @@
-"""The PyTorch reference runner (tools/torch_train.py): it never shares a process with
-TensorFlow, its data come from the TensorFlow feeder process, it refuses a torch it cannot use
-in one line, and the two-framework demo fails loudly."""
+"""The PyTorch runner (`hpcai500-tf train --framework pytorch`, hpcai500_tf/pytorch/): it
+never shares a process with TensorFlow, its data come from the TensorFlow feeder process, it
+refuses a torch it cannot use in one line, and the two-framework demo fails loudly."""
 
+import contextlib
 import json
 import os
 import stat
@@ -15,21 +16,19 @@ import pytest
 
 from hpcai500_tf import record
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.pytorch import build as torch_build
+from hpcai500_tf.pytorch.feeder import Feeder
 
 from .test_data import IMAGENET_FIXTURE_SETTINGS, imagenet_dir  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import torch_build  # noqa: E402
-from torch_data import Feeder  # noqa: E402
 
 VENV = Path(sys.executable).parent.parent  # the environment running these tests
 
 
 def run_runner(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "torch_train.py"), *args],
+        [sys.executable, "-m", "hpcai500_tf.cli", "train", "--framework", "pytorch", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -105,17 +104,17 @@ def test_the_runner_process_refuses_tensorflow(torch_installed, tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import runpy, sys\n"
-        "sys.argv = ['torch_train.py', 'image_classification', '--preset', 'tiny', '--out', "
-        f"{str(tmp_path)!r}]\n"
-        "import torch_train\n"
+        "sys.argv = ['hpcai500-tf', 'train', 'image_classification', '--framework', 'pytorch', "
+        f"'--preset', 'tiny', '--out', {str(tmp_path)!r}]\n"
+        "from hpcai500_tf.pytorch import train as torch_train\n"
         "torch_train.train = lambda *a, **k: __import__('tensorflow')\n"
-        "torch_train.main()\n"
+        "from hpcai500_tf.cli import main\n"
+        "main()\n"
     )
     result = subprocess.run(
         [sys.executable, str(probe)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
         timeout=120,
     )
     assert result.returncode != 0 and "import of tensorflow halted" in result.stderr
@@ -185,7 +184,7 @@ def test_bad_data_is_one_line_from_the_feeder(torch_installed, tmp_path):
     assert result.returncode == 2
     # The last line is the runner's own; that it is the only one, whatever TensorFlow prints
     # on this CPU, tests/test_entry_points.py checks in a clean environment.
-    assert result.stderr.strip().splitlines()[-1].startswith("torch_train: error:")
+    assert result.stderr.strip().splitlines()[-1].startswith("hpcai500-tf: error:")
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.glob("*/record.json"))
 
@@ -236,9 +235,8 @@ def test_feeder_streams_interleave_and_match_the_pipeline():
 
 
 def test_feeder_reports_a_dead_data_process():
-    from torch_data import FeederError
-
     from hpcai500_tf import config
+    from hpcai500_tf.pytorch.feeder import FeederError
 
     setup = config.prepare("image_classification", "tiny", [])
     feeder = Feeder("image_classification", setup.config, None, 8, deterministic=True)
@@ -316,13 +314,17 @@ def test_the_build_is_named(torch_installed):
 
 
 def fake_venv(tmp_path: Path, tensorflow_side: str, pytorch_side: str) -> Path:
-    """A virtual environment whose two commands run the given shell lines."""
+    """A virtual environment whose hpcai500-tf runs the given shell line for each side (the
+    PyTorch one where it is given --framework pytorch)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    for name, body in (("hpcai500-tf", tensorflow_side), ("python", pytorch_side)):
-        script = venv / "bin" / name
-        script.write_text(f"#!/usr/bin/env bash\necho {name} says hello\n{body}\n")
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    script = venv / "bin" / "hpcai500-tf"
+    script.write_text(
+        "#!/usr/bin/env bash\necho hpcai500-tf says hello\n"
+        f'if [[ " $* " == *" --framework pytorch "* ]]; then {pytorch_side}; '
+        f"else {tensorflow_side}; fi\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return venv
 
 
@@ -355,9 +357,8 @@ def test_the_demo_names_the_side_that_failed(tmp_path, tensorflow_side, pytorch_
     ],
 )
 def test_forms_the_runner_does_not_train_are_refused_in_one_line(settings, named):
-    import torch_train
-
     from hpcai500_tf import config
+    from hpcai500_tf.pytorch import train as torch_train
 
     torch_train.refuse_other_forms(config.prepare("image_classification", "reference", []), True)
     with pytest.raises(UserError, match=named):
@@ -367,7 +368,8 @@ def test_forms_the_runner_does_not_train_are_refused_in_one_line(settings, named
 
 def test_the_logits_start_as_the_tensorflow_models_do(torch_installed):
     import torch
-    import torch_train
+
+    from hpcai500_tf.pytorch import train as torch_train
 
     fc = torch.nn.Linear(2048, 1001)
     torch_train.initialise_logits(torch, fc, "variance_scaling")
@@ -377,3 +379,21 @@ def test_the_logits_start_as_the_tensorflow_models_do(torch_installed):
     assert float(weight.std()) == pytest.approx((2.0 / 1001) ** 0.5, rel=0.01)
     torch_train.initialise_logits(torch, fc, "normal_0.01")
     assert float(fc.weight.detach().std()) == pytest.approx(0.01, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--framework", "jax"], "invalid choice: 'jax'"),
+        (["--framework", "pytorch", "--resume", "x"], "--resume is not available with"),
+        (["--framework", "pytorch", "--workers", "2"], "--workers is not available with"),
+    ],
+)
+def test_a_framework_or_option_it_lacks_is_one_line(arguments, message, capsys):
+    from hpcai500_tf.cli import main
+
+    with pytest.raises(SystemExit) if "jax" in arguments else contextlib.nullcontext():
+        code = main(["train", "image_classification", *arguments])
+        assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err

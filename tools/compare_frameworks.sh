@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train one preset in TensorFlow (hpcai500-tf train) and in PyTorch (tools/torch_train.py) on
+# Train one preset in TensorFlow (hpcai500-tf train) and in PyTorch (hpcai500-tf train --framework pytorch) on
 # this machine, then compare the two records: only the framework layer (L5) should differ.
 #
 #   bash tools/compare_frameworks.sh [PRESET] [OUT_DIR] [--set SECTION.KEY=VALUE ...]
@@ -34,7 +34,7 @@ run_side() {  # NAME COMMAND...: run one side, its output to the terminal and OU
 # its CPU workarounds would make the model layer (L7) differ too.
 run_side tensorflow "$VENV/bin/hpcai500-tf" train image_classification --preset "$PRESET" \
   --out "$OUT/tensorflow" --set model.kernels=stock "$@"
-run_side pytorch "$VENV/bin/python" tools/torch_train.py image_classification --preset "$PRESET" \
+run_side pytorch "$VENV/bin/hpcai500-tf" train image_classification --framework pytorch --preset "$PRESET" \
   --out "$OUT/pytorch" "$@"
 "$VENV/bin/hpcai500-tf" compare "$OUT"/tensorflow/*/record.json "$OUT"/pytorch/*/record.json || exit
 "$VENV/bin/hpcai500-tf" compare --json "$OUT"/tensorflow/*/record.json \

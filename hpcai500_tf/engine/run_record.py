@@ -1,7 +1,7 @@
 """What every framework's runner shares, without TensorFlow: the run's progress, the MLPerf
 setup events, power sampling, the energy block and the record of a finished run.
 
-The PyTorch reference runner (tools/torch_train.py) imports this module in a process that must
+The PyTorch runner (hpcai500_tf/pytorch/train.py) imports this module in a process that must
 never load TensorFlow, so nothing here may import it, directly or through another module.
 """
 

@@ -1,15 +1,15 @@
 """The PyTorch reference runner: trains a benchmark preset in plain PyTorch and writes the same
 record and MLPerf log as `hpcai500-tf train`, so the framework layer (L5) can be compared.
 
-    python tools/torch_train.py image_classification [--preset smoke] [--set K=V]
-        [--data DIR] [--out runs] [--power-hz 10] [--meter-log FILE]
+    hpcai500-tf train image_classification --framework pytorch [--preset smoke] [--set K=V]
+        [--data DIR] [--out runs] [--power-hz 10] [--meter-log FILE] [--device auto]
 
 What is shared with the TensorFlow side, so that only the framework differs:
 - the config (presets, `--set`) and everything derived from it: hyperparameters, schedule,
   target, epochs, seed;
 - the input pipeline: the same tf.data datasets (procedural gratings, or the ImageNet
   TFRecord shards with the reference preprocessing), handed to PyTorch as arrays;
-- the model's architecture (ResNet-50 v1.5, tools/torch_resnet.py, defined here because
+- the model's architecture (ResNet-50 v1.5, pytorch/resnet.py, defined here because
   torchvision cannot import beside the CPU torch wheel), the loss (cross-entropy with label
   smoothing), SGD with momentum and coupled weight decay, warmup then cosine or step decay;
 - time accounting (initialisation, tracing and a warm-up step whose effect is undone come
@@ -31,18 +31,17 @@ import copy
 import math
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from torch_build import check_mixed_precision, choose_device, import_torch, torch_build  # noqa: E402
-from torch_data import Feeder, FeederError  # noqa: E402
-
-from hpcai500_tf.config import peak_learning_rate, precision_policy_on  # noqa: E402
-from hpcai500_tf.errors import ArgumentParser, UserError  # noqa: E402
-from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet  # noqa: E402
+from hpcai500_tf.config import peak_learning_rate, precision_policy_on
+from hpcai500_tf.errors import ArgumentParser, UserError
+from hpcai500_tf.pytorch.build import (
+    check_mixed_precision,
+    choose_device,
+    import_torch,
+    torch_build,
+)
+from hpcai500_tf.pytorch.feeder import Feeder, FeederError
+from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
 
 
 def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:
@@ -85,7 +84,7 @@ def refuse_other_forms(setup, on_cuda: bool) -> None:
 def initialise_logits(torch, fc, initializer: str) -> None:
     """The logits layer's weights as the TensorFlow model draws them (`model.logits_initializer`):
     Keras's VarianceScaling(2, fan_out, truncated normal), a normal of sigma sqrt(2 / classes)
-    / 0.8796 cut at 2 sigma, or tools/torch_resnet.py's normal of 0.01 ("normal_0.01")."""
+    / 0.8796 cut at 2 sigma, or pytorch/resnet.py's normal of 0.01 ("normal_0.01")."""
     if initializer == "variance_scaling":
         sigma = math.sqrt(2.0 / fc.out_features) / 0.87962566103423978
         torch.nn.init.trunc_normal_(fc.weight, std=sigma, a=-2 * sigma, b=2 * sigma)
@@ -96,7 +95,7 @@ def initialise_logits(torch, fc, initializer: str) -> None:
 class TorchRunner:
     def __init__(self, setup, data_dir: str | None, device: str = "auto"):
         torch = self.torch = import_torch()
-        from torch_resnet import ResNet50V15
+        from hpcai500_tf.pytorch.resnet import ResNet50V15
 
         t, o = setup.training, setup.optimizer
         if setup.benchmark.name != "image_classification":
@@ -111,7 +110,7 @@ class TorchRunner:
             raise UserError("the PyTorch runner trains in one process on one device")
         self.setup = setup
         self.global_batch = t.batch_per_replica
-        # TensorFlow feeds the data from a process of its own (see tools/torch_data.py).
+        # TensorFlow feeds the data from a process of its own (see pytorch/feeder.py).
         self.feeder = Feeder(
             setup.benchmark.name, setup.config, data_dir, self.global_batch, t.deterministic
         )
@@ -461,7 +460,9 @@ def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="hpcai500-tf train --framework pytorch", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("benchmark")
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -477,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "NVIDIA GPUs this torch cannot use)",
     )
     args = parser.parse_args(argv)
-    # This process must never load TensorFlow (tools/torch_data.py says why): make an import of
+    # This process must never load TensorFlow (pytorch/feeder.py says why): make an import of
     # it fail here, loudly, rather than crash later inside triton.
     sys.modules["tensorflow"] = None
     keep_tensorflow_quiet()  # inherited by the feeder process, which runs TensorFlow
@@ -489,10 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         check_rate("--power-hz", args.power_hz, may_be_off=True)
         record, path = train(setup, args.data, args.out, args.power_hz, args.meter_log, args.device)
     except UserError as error:
-        print(f"torch_train: error: {error}", file=sys.stderr)
+        print(f"hpcai500-tf: error: {error}", file=sys.stderr)
         return 2
     except FeederError as error:
-        print(f"torch_train: the TensorFlow data process failed: {error}", file=sys.stderr)
+        print(f"hpcai500-tf: the TensorFlow data process failed: {error}", file=sys.stderr)
         return 1
     print(f"record: {path}")
     if record["status"] != "completed":

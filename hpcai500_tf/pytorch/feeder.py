@@ -52,7 +52,7 @@ class WorkloadFacts:
     layer: dict  # L7 as the TensorFlow workload reports it
     dataset: str  # L9's dataset name
     problem: dict  # L9's facts verified from the data (counts, fingerprints)
-    # L7's kernels: the runner's model is plain torch.nn layers (tools/torch_resnet.py), the
+    # L7's kernels: the runner's model is plain torch.nn layers (pytorch/resnet.py), the
     # counterpart of TensorFlow's "stock"; none of TensorFlow's CPU workarounds runs there.
     kernels = "stock"
 

@@ -23,7 +23,8 @@ def import_torch():
         import torch
     except ImportError:
         raise UserError(
-            f"PyTorch is not installed: {CPU_INSTALL} (CPU only), or {CUDA_INSTALL}"
+            "PyTorch is not installed: pip install 'hpcai500-tf[torch]' (the torch extra), "
+            f"or {CPU_INSTALL} (CPU only), or {CUDA_INSTALL}"
         ) from None
     if version_tuple(torch.__version__) < MINIMUM:
         raise UserError(
