@@ -397,3 +397,54 @@ def test_a_framework_or_option_it_lacks_is_one_line(arguments, message, capsys):
         assert code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_the_same_corrupt_shard_mid_run_is_a_failed_run_on_both_frameworks(
+    torch_installed,
+    tmp_path,
+    imagenet_dir,  # noqa: F811
+):
+    from .test_hardening import _corrupt_a_payload
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for shard in imagenet_dir.iterdir():
+        (data / shard.name).write_bytes(shard.read_bytes())
+    _corrupt_a_payload(data / "train-00001-of-00002")
+    settings = [*IMAGENET_FIXTURE_SETTINGS, "training.batch_per_replica=4"]
+    statuses = {}
+    for framework in ("tensorflow", "pytorch"):
+        out = tmp_path / framework
+        result = subprocess.run(
+            [sys.executable, "-m", "hpcai500_tf.cli", "train", "image_classification",
+             "--framework", framework, "--preset", "tiny", "--data", str(data), "--out", str(out),
+             "--power-hz", "0", *(f"--set={s}" for s in settings)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr[-2000:]
+        (path,) = out.glob("*/record.json")
+        statuses[framework] = record.load(path)["status"]
+    assert statuses == {"tensorflow": "failed", "pytorch": "failed"}
+
+
+def test_a_nan_loss_is_a_diverged_run_on_both_frameworks(torch_installed, tmp_path):
+    """The PyTorch side's loss made NaN in its own process; the TensorFlow side's is checked in
+    tests/test_train.py (test_diverged_loss_ends_the_run_non_zero): the same status and words."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys\n"
+        "from hpcai500_tf.pytorch import train as torch_train\n"
+        "torch_train.TorchRunner.loss_with_decay = lambda self, loss: float('nan')\n"
+        "from hpcai500_tf.cli import main\n"
+        "if __name__ == '__main__':  # the feeder process is spawned: it imports this file\n"
+        "    sys.exit(main(['train', 'image_classification', '--framework', 'pytorch', "
+        f"'--preset', 'tiny', '--power-hz', '0', '--out', {str(tmp_path / 'out')!r}]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    (path,) = (tmp_path / "out").glob("*/record.json")
+    rec = record.load(path)
+    assert rec["status"] == "diverged"
+    assert rec["warnings"][0].startswith("loss became nan in epoch 1, step "), rec["warnings"]

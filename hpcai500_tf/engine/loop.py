@@ -22,7 +22,7 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.config import OptimizerConfig, TrainingConfig, precision_policy_on
 from hpcai500_tf.engine import optimizers, run_state
 from hpcai500_tf.engine.mllog import MLLogger
-from hpcai500_tf.engine.run_record import Progress
+from hpcai500_tf.engine.run_record import Progress, diverged
 from hpcai500_tf.engine.run_state import STATE_FILE
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
@@ -49,10 +49,6 @@ def cadence(training: TrainingConfig) -> str:
     if not ways:
         return "after the last epoch only"
     return f"{' or '.join(ways)} (at an epoch's end), and after the last epoch"
-
-
-class Diverged(Exception):
-    """The loss became NaN or Inf."""
 
 
 def precision_policy(precision: str) -> str:
@@ -416,7 +412,7 @@ class Engine:
             if (step + 1) % log_every == 0 or step + 1 == self.steps_per_epoch:
                 value = float(loss)  # reading back the value syncs the device
                 if not math.isfinite(value):
-                    raise Diverged(f"loss became {value} in epoch {epoch + 1}, step {step + 1}")
+                    raise diverged(value, epoch + 1, step + 1)
                 if self.view:
                     seconds = time.time() - epoch_start
                     self.view.step(

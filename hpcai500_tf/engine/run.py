@@ -24,14 +24,16 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.engine import cluster, devices, run_state
 from hpcai500_tf.engine import strategy as strategies
-from hpcai500_tf.engine.loop import Diverged, Engine, cadence
+from hpcai500_tf.engine.loop import Engine, cadence
 from hpcai500_tf.engine.mllog import MLLogger
 from hpcai500_tf.engine.run_record import (
     CONFIG_FILE,
     MLPERF_LOG,
     POWER_SAMPLES,
     RECORD_FILE,
+    Diverged,
     Progress,
+    data_failed,
     energy_result,
     fingerprint,
     log_setup,
@@ -458,7 +460,7 @@ def classify_failure(error: BaseException, run: BenchmarkRun) -> tuple[str, str,
         first_line = (str(error).strip().splitlines() or [""])[-1][:300]
         name = error.__class__.__name__
         if user_error is not None:  # bad data found while reading
-            return "failed", f"the input data failed mid-run: {user_error}", False
+            return (*data_failed(user_error), False)
         if run.workers > 1 and isinstance(error, PEER_LOST):
             lost = f"lost contact with a peer worker ({name}: {first_line})"
             where = run.run_dir or "RUN_DIR (the chief's run directory)"

@@ -29,6 +29,20 @@ POWER_SAMPLES = "power-samples.csv"
 MIN_AVERAGE_WATTS = 1e-3  # an average power below this is a sensor or a log out of range
 
 
+class Diverged(Exception):
+    """The loss became NaN or Inf: the run's status is `diverged`, on every framework."""
+
+
+def diverged(value: float, epoch: int, step: int) -> Diverged:
+    """What a run whose loss became `value` at `step` of `epoch` (both from 1) says."""
+    return Diverged(f"loss became {value} in epoch {epoch}, step {step}")
+
+
+def data_failed(reason: object) -> tuple[str, str]:
+    """(status, warning) of a run whose input data failed mid-run, on every framework."""
+    return "failed", f"the input data failed mid-run: {reason}"
+
+
 def fingerprint(config: dict) -> str:
     """What must match for --resume: the whole resolved config."""
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]

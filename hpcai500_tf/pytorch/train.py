@@ -381,7 +381,7 @@ def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
                 if (step + 1) % 10 == 0 or step + 1 == runner.steps_per_epoch:
                     value = runner.loss_with_decay(loss)
                     if not math.isfinite(value):
-                        raise FloatingPointError(f"loss became {value} in epoch {epoch + 1}")
+                        raise run.diverged(value, epoch + 1, step + 1)
             seconds = time.time() - epoch_start
             progress.examples += runner.steps_per_epoch * runner.global_batch
             progress.epochs_done = epoch + 1
@@ -414,15 +414,15 @@ def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
                 mllog.event("eval_accuracy", quality, metadata={"epoch_num": epoch + 1})
                 mllog.end("eval_stop", metadata={"epoch_num": epoch + 1})
                 print(f"          eval after epoch {epoch + 1}: quality {quality:.4f}", flush=True)
-    except FloatingPointError as error:
+    except run.Diverged as error:
         status = "diverged"
         warnings.append(str(error))
     except KeyboardInterrupt:
         status = "stopped"
         warnings.append("interrupted by the user (the PyTorch runner cannot resume)")
     except FeederError as error:
-        status = "stopped"
-        warnings.append(f"the input pipeline failed: {error}")
+        status, warning = run.data_failed(error)
+        warnings.append(warning)
     finally:
         progress.segments.append({"start": start, "stop": time.time()})
         if sampler:
