@@ -134,3 +134,34 @@ print("imported", len({CORE!r}))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"imported {len(CORE)}" in result.stdout
+
+
+def test_every_workload_implements_the_interface():
+    """Each module of workloads/ with a WORKLOAD class gives every member of the interface
+    (the methods on the class; the attributes on a workload built from a tiny preset)."""
+    import importlib
+    import inspect
+
+    from hpcai500_tf import config
+    from hpcai500_tf.workloads import build_workload
+    from hpcai500_tf.workloads.interface import Workload
+
+    members = [name for name in Workload.__dict__ if not name.startswith("_")]
+    members += list(Workload.__annotations__)
+    found = []
+    for path in sorted((PACKAGE / "workloads").glob("*.py")):
+        module = importlib.import_module(f"hpcai500_tf.workloads.{path.stem}")
+        cls = getattr(module, "WORKLOAD", None)
+        if cls is None:
+            continue
+        found.append(path.stem)
+        setup = config.prepare(path.stem, "tiny", [])
+        workload = build_workload(path.stem, setup.config, None)
+        assert isinstance(workload, Workload) and type(workload) is cls
+        for name in members:
+            assert hasattr(workload, name), f"{path.stem}: no {name}"
+            if callable(getattr(Workload, name, None)):
+                expected = inspect.signature(getattr(Workload, name)).parameters
+                given = inspect.signature(getattr(cls, name)).parameters
+                assert list(given) == list(expected), f"{path.stem}.{name}{tuple(given)}"
+    assert found == ["extreme_weather", "image_classification"]

@@ -27,6 +27,7 @@ from hpcai500_tf.engine.run_state import STATE_FILE
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
+from hpcai500_tf.workloads.interface import Workload
 
 
 def checkpoint_due(training: TrainingConfig, epochs_done: int, seconds_since: float) -> bool:
@@ -61,7 +62,7 @@ class Engine:
 
     def __init__(
         self,
-        workload,
+        workload: Workload,
         training: TrainingConfig,
         optimizer: OptimizerConfig,
         strategy: tf.distribute.Strategy,

@@ -1,12 +1,14 @@
 """Workloads by name: the module of that name here supplies model, data, loss and quality to
-the shared engine (its `WORKLOAD` class), so that a new benchmark is a module and a TOML file."""
+the shared engine (its `WORKLOAD` class, a `Workload` of `interface`), so that a new benchmark
+is a module and a TOML file."""
 
 import importlib
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.workloads.interface import Workload
 
 
-def build_workload(name: str, config: dict, data_dir: str | None):
+def build_workload(name: str, config: dict, data_dir: str | None) -> Workload:
     module = None
     if name.isidentifier():
         try:
