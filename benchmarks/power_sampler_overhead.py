@@ -46,18 +46,26 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from hpcai500_tf import lifecycle
     from hpcai500_tf.config import prepare
     from hpcai500_tf.energy.sampler import PowerSampler
     from hpcai500_tf.energy.sources import discover
-    from hpcai500_tf.engine.loop import Progress
-    from hpcai500_tf.engine.run import build_engine
+    from hpcai500_tf.engine.run import build_trainer
+    from hpcai500_tf.mllog import MLLogger
+    from hpcai500_tf.run_record import Progress
 
     overrides = args.set or ["data.train_examples=8192"]
     setup = prepare(
         "image_classification", "tiny", ["data.source=random", "training.epochs=1", *overrides]
     )
-    engine = build_engine(setup, None)
-    engine.warm_up(engine.synthetic_batch())
+    trainer = build_trainer(setup, lifecycle.RunOptions())
+    trainer.engine.warm_up(trainer.engine.synthetic_batch())
+
+    def train_epochs(kind: str, sampler=None):
+        """The run's own epoch loop (no run directory: no checkpoint) over the budget."""
+        one = lifecycle.Run(setup, trainer, None, False, Progress(kind), MLLogger(None))
+        return lifecycle.train_epochs(one, power=sampler)
+
     with tempfile.TemporaryDirectory() as scratch:
         sources, _ = discover()
         where = "this machine's sensors"
@@ -66,12 +74,12 @@ def main() -> None:
             where = "simulated RAPL files (this machine has no sensors)"
         rates = {"sampled": [], "unsampled": []}
         reads = []
-        engine.train_epochs(Progress("warm-up"), None)  # the input pipeline's first start, untimed
+        train_epochs("warm-up")  # the input pipeline's first start, untimed
         for _ in range(args.rounds):
             for kind in ("unsampled", "sampled"):
                 sampler = PowerSampler(sources, args.hz).start() if kind == "sampled" else None
                 start = time.perf_counter()
-                progress = engine.train_epochs(Progress(kind), None, power=sampler)
+                progress = train_epochs(kind, sampler)
                 seconds = time.perf_counter() - start
                 if sampler:
                     sampler.stop()

@@ -10,7 +10,11 @@ two runs are neighbours in time, so that ratio is the one least moved by drift o
 machine).
 
     python benchmarks/train_command_overhead.py [--preset smoke] [--epochs 3] [--rounds 3]
-        [--set data.train_examples=16384] [--no-tensorboard]
+        [--set data.train_examples=16384] [--no-tensorboard] [--framework pytorch]
+
+`--framework pytorch` measures the PyTorch side the same way: the full `train --framework
+pytorch` (the same lifecycle) against a bare loop over its trainer's step, in processes that
+never load TensorFlow (their data come from the feeder process).
 
 A checkpoint costs ~0.03-0.1 s here (written by a traced function), so on the smoke
 preset's 4-second epochs it shows as about one percent; longer epochs amortise it.
@@ -37,36 +41,53 @@ def overrides(epochs: int, extra: list[str]) -> list[str]:
     ]
 
 
-def measure_full(preset: str, epochs: int, extra: list[str], tensorboard: bool = True) -> float:
+def measure_full(
+    preset: str, epochs: int, extra: list[str], tensorboard: bool = True, framework="tensorflow"
+) -> float:
     from hpcai500_tf.config import prepare
-    from hpcai500_tf.engine import run
+    from hpcai500_tf.lifecycle import RunOptions
     from hpcai500_tf.report.live import LiveView
 
+    if framework == "pytorch":
+        from hpcai500_tf.pytorch.train import run
+    else:
+        from hpcai500_tf.engine.run import run
     setup = prepare("image_classification", preset, overrides(epochs, extra))
     view = LiveView()
     with tempfile.TemporaryDirectory() as out:
         try:
-            record, _ = run.run_benchmark(setup, None, out, view=view, tensorboard=tensorboard)
+            record, _ = run(setup, RunOptions(out_dir=out, tensorboard=tensorboard), view)
         finally:
             view.close()
     seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
     return record["timeline"]["epochs"][-1]["examples"] / seconds
 
 
-def measure_bare(preset: str, epochs: int, extra: list[str]) -> float:
+def measure_bare(preset: str, epochs: int, extra: list[str], framework="tensorflow") -> float:
     from hpcai500_tf.config import prepare
-    from hpcai500_tf.engine.run import build_engine
+    from hpcai500_tf.lifecycle import RunOptions
 
     setup = prepare("image_classification", preset, overrides(epochs, extra))
-    engine = build_engine(setup, None)
-    batches = engine.train_batches()
-    float(engine.train_step(*next(batches)))  # trace outside the timed region, as train does
-    steps = engine.steps_per_epoch * epochs
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = engine.train_step(*next(batches))
-    float(loss)
-    return steps * engine.global_batch / (time.perf_counter() - start)
+    if framework == "pytorch":
+        from hpcai500_tf.pytorch.train import TorchTrainer
+
+        trainer = TorchTrainer(setup, RunOptions())
+    else:
+        from hpcai500_tf.engine.run import build_trainer
+
+        trainer = build_trainer(setup, RunOptions())
+    try:
+        batches = trainer.train_batches(0)
+        # the first step (tracing, kernel set-up) outside the timed region, as train does
+        trainer.loss_value(trainer.train_step(next(batches)))
+        steps = trainer.steps_per_epoch * epochs
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = trainer.train_step(next(batches))
+        float(loss)
+        return steps * trainer.global_batch / (time.perf_counter() - start)
+    finally:
+        trainer.close()
 
 
 def main() -> None:
@@ -82,14 +103,19 @@ def main() -> None:
         help="config overrides for both sides, e.g. data.train_examples=16384",
     )
     parser.add_argument("--tensorboard", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--framework", choices=("tensorflow", "pytorch"), default="tensorflow")
     parser.add_argument("--one", choices=("full", "bare"))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.one:
+        if args.framework == "pytorch":
+            sys.modules["tensorflow"] = None  # torch's process never loads it (see the feeder)
         if args.one == "full":
-            rate = measure_full(args.preset, args.epochs, args.set, args.tensorboard)
+            rate = measure_full(
+                args.preset, args.epochs, args.set, args.tensorboard, args.framework
+            )
         else:
-            rate = measure_bare(args.preset, args.epochs, args.set)
+            rate = measure_bare(args.preset, args.epochs, args.set, args.framework)
         print(json.dumps({"examples_per_s": rate}))
         return
     rates = {"full": [], "bare": []}
@@ -108,6 +134,8 @@ def main() -> None:
                     str(args.epochs),
                     *(f"--set={s}" for s in args.set),
                     "--tensorboard" if args.tensorboard else "--no-tensorboard",
+                    "--framework",
+                    args.framework,
                 ],
                 capture_output=True,
                 text=True,
@@ -117,7 +145,8 @@ def main() -> None:
             rates[kind].append(json.loads(result.stdout.strip().splitlines()[-1])["examples_per_s"])
     full, bare = statistics.median(rates["full"]), statistics.median(rates["bare"])
     print(
-        f"preset {args.preset} {' '.join(args.set)}, {args.epochs} epochs of random data, "
+        f"{args.framework}, preset {args.preset} {' '.join(args.set)}, {args.epochs} epochs of "
+        "random data, "
         f"median of {args.rounds}, TensorBoard {'on' if args.tensorboard else 'off'}"
     )
     print(

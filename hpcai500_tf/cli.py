@@ -102,91 +102,108 @@ def _rank(args: argparse.Namespace) -> int:
 
 
 def _directory(flag: str, path: str) -> Path:
-    """An output directory's path, checked before any work: refused where a file holds it or
-    holds a folder above it, where it is a dangling symlink, or where the name is too long."""
-    out = Path(path)
-    try:
-        if out.is_symlink() and not out.exists():
-            raise UserError(f"{flag} {path}: a symlink to nothing (or a loop of symlinks)")
-        if out.exists() and not out.is_dir():
-            raise UserError(f"{flag} {path}: exists and is not a directory")
-        existing = next(p for p in (out, *out.absolute().parents) if p.exists())
-        if not existing.is_dir():
-            raise UserError(f"{flag} {path}: {existing} is a file, not a directory")
-    except OSError as error:  # e.g. a name too long
-        raise UserError(f"{flag} {path}: {error.strerror}") from None
-    return out
+    """files.check_output_directory: the one output-directory check."""
+    from hpcai500_tf.files import check_output_directory
+
+    return check_output_directory(flag, path)
 
 
-# What `train --framework pytorch` does not have yet, and the option that asks for it.
-PYTORCH_LACKS = {
-    "resume": "--resume",
-    "workers": "--workers",
-    "config": "--config",
-    "run_dir": "--run-dir",
-    "profile_steps": "--profile-steps",
-    "allow_cpu": "--allow-cpu",
-}
+def _framework(args: argparse.Namespace) -> str:
+    """The framework a run trains with: --framework, or a resumed run's own (from its state);
+    one line where they disagree."""
+    if not args.resume:
+        return args.framework or "tensorflow"
+    from hpcai500_tf import run_state
+    from hpcai500_tf.run_directory import CONFIG_FILE
+
+    run_dir = Path(args.resume)
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"{args.resume}: not a run directory (no {CONFIG_FILE})")
+    run_state.check_run_files(run_dir)
+    trained = run_state.read_state(run_dir)["framework"]
+    if args.framework and args.framework != trained:
+        raise UserError(
+            f"{args.resume}: it was trained with {trained}; resume it with --framework "
+            f"{trained} (or --resume alone)"
+        )
+    return trained
 
 
-def _train_pytorch(args: argparse.Namespace) -> int:
-    """The PyTorch runner in this process, which has not loaded TensorFlow (its data comes from
-    a TensorFlow process of its own): the same benchmark, preset and --set values."""
-    asked = [flag for name, flag in PYTORCH_LACKS.items() if getattr(args, name)]
-    if asked:
-        raise UserError(f"{asked[0]} is not available with --framework pytorch yet")
-    if args.benchmark is None:
-        raise UserError("train --framework pytorch: name the benchmark (e.g. image_classification)")
-    from hpcai500_tf.pytorch import train as pytorch_train
+def _backend(framework: str):
+    """The framework's module, whose `run(setup, options, view)` trains; for PyTorch, in a
+    process that then refuses TensorFlow (pytorch/feeder.py says why)."""
+    if framework == "tensorflow":
+        import_tensorflow()
+        from hpcai500_tf.engine import run
 
-    argv = [args.benchmark, "--preset", args.preset or "smoke", "--out", args.out]
-    argv += [f"--set={value}" for value in args.set]
-    argv += ["--power-hz", str(args.power_hz)]
-    argv += ["--data", args.data] if args.data else []
-    argv += ["--meter-log", args.meter_log] if args.meter_log else []
-    return pytorch_train.main(argv)
+        return run
+    sys.modules["tensorflow"] = None  # an import of it fails here, loudly, not in triton later
+    from hpcai500_tf.pytorch import build, train
+
+    build.import_torch()  # a missing or unusable torch is one line naming the extra
+    return train
 
 
 def _train(args: argparse.Namespace) -> int:
-    if args.framework == "pytorch":
-        return _train_pytorch(args)
     from hpcai500_tf import config
     from hpcai500_tf.energy.sampler import check_rate
     from hpcai500_tf.engine.cluster import strategy_overrides
+    from hpcai500_tf.lifecycle import RunOptions, WorkerRunEnded, exit_code
 
     check_rate("--power-hz", args.power_hz, may_be_off=True)
     if not args.resume:
         _directory("--out", args.out)
-    overrides = [*args.set, *strategy_overrides(launching_workers=args.workers is not None)]
-    if args.resume:  # validated before TensorFlow loads
+    framework = _framework(args)
+    if args.device != "auto" and framework != "pytorch":
+        raise UserError("--device is for --framework pytorch (TensorFlow uses what it sees)")
+    launching = args.workers is not None
+    overrides = [*args.set, *strategy_overrides(launching, framework)]
+    if args.resume:  # validated before any framework loads
         setup = config.resume_setup(
             args.resume, args.benchmark, args.preset, overrides, args.config
         )
-        from hpcai500_tf.engine import run_state
+        from hpcai500_tf import run_state
 
         run_state.check_resumable(args.resume, setup.training.epochs)
     else:
         setup = config.run_setup(args.benchmark, args.preset, overrides, args.config)
-    if args.workers is not None:
+    if launching:
         from hpcai500_tf import launch
 
-        return launch.launch(setup, launch.worker_args(args), args.workers, args.out, args.resume)
-    import_tensorflow()
+        return launch.launch(
+            setup,
+            launch.worker_args(args),
+            args.workers,
+            args.out,
+            args.resume,
+            framework=framework,
+        )
+    options = RunOptions(
+        data_dir=args.data,
+        out_dir=args.out,
+        resume=args.resume,
+        power_hz=args.power_hz,
+        meter_log=args.meter_log,
+        run_dir=args.run_dir,
+        tensorboard=args.tensorboard,
+        profile_steps=args.profile_steps,
+        allow_cpu=args.allow_cpu,
+        device=args.device,
+    )
+    backend = _backend(framework)
     from hpcai500_tf import scoring
-    from hpcai500_tf.engine import cluster, run
     from hpcai500_tf.report.console import console, escape, score_table
     from hpcai500_tf.report.live import LiveView
 
-    console.print(f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'")
+    title = f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'"
+    console.print(title + (" (PyTorch)" if framework == "pytorch" else ""))
     view = LiveView()
     try:
-        record, path = run.run_benchmark(
-            setup, args.data, args.out, args.resume, view, args.power_hz, args.meter_log,
-            args.run_dir, args.tensorboard, args.profile_steps, args.allow_cpu,
-        )  # fmt: skip
-    except run.WorkerRunEnded as ended:
+        record, path = backend.run(setup, options, view)
+    except WorkerRunEnded as ended:
         print(f"hpcai500-tf: {ended}", file=sys.stderr, flush=True)
-        cluster.exit_without_shutdown(ended.code)  # TensorFlow's shutdown would wait for a peer
+        backend.end_worker(ended.code)  # TensorFlow's shutdown would wait for a peer
+        return ended.code
     finally:
         view.close()
     if record is None:
@@ -195,9 +212,9 @@ def _train(args: argparse.Namespace) -> int:
     if record["status"] != "completed":
         warnings = escape("; ".join(record["warnings"]))
         console.print(f"[red]run {record['status']}[/red]: {warnings}")
-        code = run.exit_code(record)  # 143 when SIGTERM stopped it
+        code = exit_code(record)  # 143 when SIGTERM stopped it
         if setup.training.strategy == "multi_worker":
-            cluster.exit_without_shutdown(code)  # TensorFlow's shutdown would wait for a peer
+            backend.end_worker(code)  # TensorFlow's shutdown would wait for a peer
         return code
     if not record["quality"]["measured"]:
         console.print("throughput-only run (random data): quality not measured, no score")
@@ -209,9 +226,10 @@ def _train(args: argparse.Namespace) -> int:
 
 def _scaling(args: argparse.Namespace) -> int:
     from hpcai500_tf import scaling
+    from hpcai500_tf.files import check_output_directory
 
     series = scaling.analyse(_load_records(args.records))
-    out = _directory("--out", args.out)
+    out = check_output_directory("--out", args.out)
     taken = [p for p in (out / "scaling.png", out / "scaling.svg") if p.exists()]
     if taken:
         raise UserError(f"{taken[0]}: already exists; choose another --out")
@@ -247,6 +265,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _import_mlperf_tree(args: argparse.Namespace) -> int:
     """import-mlperf of an MLPerf results tree: a record per ResNet result file in --out."""
     from hpcai500_tf import mlperf_tree
+    from hpcai500_tf.files import check_output_directory
 
     for flag, value in (("--sidecar", args.sidecar), ("--benchmark", args.benchmark)):
         if value is not None:
@@ -258,7 +277,7 @@ def _import_mlperf_tree(args: argparse.Namespace) -> int:
         raise UserError(
             f"{args.log}: a results tree needs --out DIR, the directory for its records"
         )
-    out = _directory("--out", args.out)
+    out = check_output_directory("--out", args.out)
     given = {
         key: getattr(args, key)
         for key in ("framework", "framework_version", "flops_per_example")
@@ -360,11 +379,12 @@ def _flops(args: argparse.Namespace) -> int:
 
 def _roofline(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
+    from hpcai500_tf.files import check_output_directory
 
     setup, run_record = config.roofline_setup(
         args.record, args.benchmark, args.preset, args.set, args.batch
     )
-    out = _directory("--out", args.out)
+    out = check_output_directory("--out", args.out)
     import_tensorflow()
     from hpcai500_tf.report.console import ceilings_table, console, workload_table
     from hpcai500_tf.roofline import sweep
@@ -485,9 +505,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--framework",
         choices=("tensorflow", "pytorch"),
-        default="tensorflow",
-        help="tensorflow (default), or pytorch: the same preset in plain PyTorch, for comparing "
-        "L5 (needs the torch extra)",
+        help="tensorflow (default; a resumed run: its own), or pytorch: the same preset in "
+        "plain PyTorch, for comparing L5 (needs the torch extra)",
+    )
+    train.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="with --framework pytorch: auto (default) trains on the GPU where torch sees one, "
+        "else the CPU (refused where this machine's NVIDIA GPUs are not usable by this torch)",
     )
     train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)

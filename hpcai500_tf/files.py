@@ -64,3 +64,21 @@ def open_for_append(path: Path | str) -> TextIO:
     except OSError as error:
         raise UserError(f"{path}: cannot open the log for writing ({error.strerror})") from None
     return os.fdopen(fd, "a")
+
+
+def check_output_directory(flag: str, path: Path | str) -> Path:
+    """An output directory's path, checked before any work is done: refused, in one line
+    naming `flag`, where a file holds it or a folder above it, where it is a dangling symbolic
+    link (or a loop of them), or where the name is too long. It need not exist yet."""
+    out = Path(path)
+    try:
+        if out.is_symlink() and not out.exists():
+            raise UserError(f"{flag} {path}: a symlink to nothing (or a loop of symlinks)")
+        if out.exists() and not out.is_dir():
+            raise UserError(f"{flag} {path}: exists and is not a directory")
+        existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+        if not existing.is_dir():
+            raise UserError(f"{flag} {path}: {existing} is a file, not a directory")
+    except OSError as error:  # e.g. a name too long
+        raise UserError(f"{flag} {path}: {error.strerror}") from None
+    return out

@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from hpcai500_tf import record as record_io
 from hpcai500_tf.benchmark_layers import WORKER_GPUS, gpu_placement, worker_gpu_positions
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
+from hpcai500_tf.run_directory import RunDirectory
 
 MAX_WORKERS = 128
 TERM_GRACE_S = 5.0
@@ -62,6 +62,10 @@ def worker_args(args) -> list[str]:
         forwarded += ["--profile-steps", "-".join(map(str, args.profile_steps))]
     if args.allow_cpu:
         forwarded += ["--allow-cpu"]
+    if getattr(args, "framework", None):
+        forwarded += ["--framework", args.framework]
+    if getattr(args, "device", "auto") != "auto":
+        forwarded += ["--device", args.device]
     return forwarded
 
 
@@ -141,6 +145,28 @@ def worker_environments(
     return environments
 
 
+def torch_environments(
+    workers: int, port: int, base_env: Mapping[str, str], cpus: int | None = None
+) -> list[dict[str, str]]:
+    """Each local PyTorch worker's environment (`--framework pytorch --workers N`): what
+    torch.distributed reads (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, rank 0 waiting on
+    127.0.0.1:`port`), HPCAI500_LAUNCHER=1 (pytorch/distributed.py names the launcher as the
+    source), and its share of the `cpus` cores as thread counts, as `worker_environments`
+    gives TensorFlow workers (torch obeys OMP_NUM_THREADS). GPUs are not split here: each
+    worker sees those CUDA makes visible and takes GPU LOCAL_RANK itself. A torchrun agent's
+    variables are left out, which would make rank 0 a client of a store that is not there."""
+    environments = []
+    for rank, env in enumerate(worker_environments(workers, [], base_env, cpus)):
+        env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
+        env.update(
+            RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            HPCAI500_LAUNCHER="1",
+        )  # fmt: skip
+        environments.append(env)
+    return environments
+
+
 def gpu_shares(environments: list[dict[str, str]], gpus: list[str]) -> tuple[int, str]:
     """(GPUs per worker, the launch line's words for each worker's GPUs): CUDA_VISIBLE_DEVICES
     entries (node indices or UUIDs), and what keeps the workers to them."""
@@ -196,31 +222,42 @@ def launch(
     out_dir: str | Path,
     resume: str | None = None,
     on_start: Callable[[list[subprocess.Popen]], None] | None = None,
+    framework: str = "tensorflow",
 ) -> int:
-    """Run `hpcai500-tf train` as `workers` processes; returns the exit code of the run."""
+    """Run `hpcai500-tf train` as `workers` processes; returns the exit code of the run. Each
+    TensorFlow worker gets a TF_CONFIG; each PyTorch worker torch.distributed's variables,
+    rank 0 waiting for the others on one loopback port."""
     if not 2 <= workers <= MAX_WORKERS:
         raise UserError(f"--workers must be in [2, {MAX_WORKERS}] to launch several, got {workers}")
     if "TF_CONFIG" in os.environ:
         raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
-    # Refused here, before a run directory or a worker exists, when the GPUs cannot be split.
-    gpus = cluster.visible_gpus()
-    environments = worker_environments(workers, gpus, os.environ)
-    cluster.resolve_collective(setup.communication.collective, gpus)
+    if framework == "pytorch":
+        ports = free_ports(1)
+        environments = torch_environments(workers, ports[0], os.environ)
+        gpus = []  # each PyTorch worker takes GPU LOCAL_RANK itself
+    else:
+        # Refused here, before a run directory or a worker exists, when GPUs cannot be split.
+        gpus = cluster.visible_gpus()
+        environments = worker_environments(workers, gpus, os.environ)
+        cluster.resolve_collective(setup.communication.collective, gpus)
+        ports = free_ports(workers)
+        for env, tf_config in zip(environments, tf_configs(ports), strict=True):
+            env["TF_CONFIG"] = tf_config
     if resume:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
+        run_dir = RunDirectory(resume)
+        if not run_dir.path.is_dir():
             raise UserError(f"{run_dir}: not a run directory")
     else:
-        run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
-    logs = run_dir / "workers"
+        run_dir = RunDirectory.new(out_dir, setup.benchmark.name, setup.preset)
+    logs = run_dir.workers
     logs.mkdir(exist_ok=True)
     # Every worker's log (a resumed run adds to it), opened before any worker starts.
-    log_files = [open_for_append(logs / f"worker-{index}.log") for index in range(workers)]
-    ports = free_ports(workers)
+    log_files = [open_for_append(run_dir.worker_log(index)) for index in range(workers)]
     command = [sys.executable, "-m", "hpcai500_tf.cli", "train", *worker_args]
     command += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     processes = []
-    each = f"{environments[0]['TF_NUM_INTRAOP_THREADS']} intra-op threads each"
+    threads = "OMP_NUM_THREADS" if framework == "pytorch" else "TF_NUM_INTRAOP_THREADS"
+    each = f"{environments[0][threads]} intra-op threads each"
     if gpus:
         per_worker, shares = gpu_shares(environments, gpus)
         each = f"{per_worker} GPU(s) and {each}; {shares}"
@@ -230,8 +267,7 @@ def launch(
         flush=True,
     )
     try:
-        for index, tf_config in enumerate(tf_configs(ports)):
-            env = {**environments[index], "TF_CONFIG": tf_config}
+        for index, env in enumerate(environments):
             log = log_files[index]
             # The chief's console output is the run's; everyone's stderr (TensorFlow's
             # messages included) goes to its log, whose last line is shown on failure.
@@ -239,7 +275,7 @@ def launch(
             processes.append(subprocess.Popen(command, env=env, stdout=stdout, stderr=log))
         if on_start:
             on_start(processes)
-        return _supervise(processes, logs, setup.communication.timeout_s)
+        return _supervise(processes, run_dir, setup.communication.timeout_s)
     except KeyboardInterrupt:
         for process in processes:
             if process.poll() is None:
@@ -252,7 +288,7 @@ def launch(
             log.close()
 
 
-def _supervise(processes: list[subprocess.Popen], logs: Path, timeout_s: float) -> int:
+def _supervise(processes: list[subprocess.Popen], run_dir: RunDirectory, timeout_s: float) -> int:
     while True:
         codes = [p.poll() for p in processes]
         if all(code == 0 for code in codes):
@@ -264,11 +300,12 @@ def _supervise(processes: list[subprocess.Popen], logs: Path, timeout_s: float) 
     code = codes[failed]
     why = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     _end(processes, timeout_s or DEFAULT_FAILURE_GRACE_S)
-    detail = _failure_line(logs / f"worker-{failed}.log")
+    log = run_dir.worker_log(failed)
+    detail = _failure_line(log)
     print(
         f"hpcai500-tf: error: worker {failed} {why}"
         + (f": {detail}" if detail else "")
-        + f" (its log: {logs / f'worker-{failed}.log'}); the run was ended on every worker",
+        + f" (its log: {log}); the run was ended on every worker",
         file=sys.stderr,
         flush=True,
     )

@@ -31,8 +31,8 @@ from pathlib import Path
 from hpcai500_tf import __version__, config, record_builder
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import LAYER_IDS, Benchmark
-from hpcai500_tf.engine.mllog import benchmark_from_mlperf
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.mllog import benchmark_from_mlperf
 from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 PREFIX = ":::MLLOG "

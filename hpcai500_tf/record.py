@@ -7,12 +7,10 @@ are comparable. Scores themselves are never stored: `scoring` derives them on ev
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import math
 import os
 import tempfile
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -378,19 +376,6 @@ def save(path: Path | str, record: dict, *, overwrite: bool = False) -> Path:
     """Validate, then write atomically: an invalid record is never written."""
     validate(record, path)
     return write_atomic(path, record, overwrite=overwrite)
-
-
-def new_run_dir(out_dir: str | Path, benchmark: str, preset: str) -> Path:
-    """A new, empty directory for one run: BENCHMARK-PRESET-TIMESTAMP under `out_dir`."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    if len(preset.encode()) > 160:  # a config file's long name: the directory's stays < 255
-        digest = hashlib.sha256(preset.encode()).hexdigest()[:8]
-        preset = preset.encode()[:150].decode(errors="ignore") + "-" + digest
-    run_dir = Path(out_dir) / f"{benchmark}-{preset}-{stamp}"
-    if run_dir.exists():
-        raise UserError(f"{run_dir}: already exists; refusing to overwrite it")
-    run_dir.mkdir(parents=True)
-    return run_dir
 
 
 READING = (

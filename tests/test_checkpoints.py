@@ -3,21 +3,25 @@ directory written before the cadence key), the key's validation, and the running
 integration a checkpoint takes (equal to the full one, its cost bounded by the new readings)."""
 
 import copy
+import itertools
 import json
 import random
+import types
 from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, record
+from hpcai500_tf import config, lifecycle, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.integrate import RunningEnergy, energy_over
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.engine import run
-from hpcai500_tf.engine.loop import checkpoint_due
-from hpcai500_tf.engine.run_record import Progress, fingerprint
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.lifecycle import checkpoint_due
+from hpcai500_tf.mllog import MLLogger
+from hpcai500_tf.run_directory import RunDirectory
+from hpcai500_tf.run_record import Progress, fingerprint
 
 from .test_train import StopBeforeEpoch
 
@@ -44,27 +48,39 @@ def test_a_checkpoint_is_due_after_the_interval_or_the_epoch_count_and_always_at
     assert [e for e in range(1, 8) if checkpoint_due(both, e, 0.0)] == [3, 6, 7]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    setup = config.prepare("image_classification", "tiny", ["training.epochs=8"])
-    return run.build_engine(setup, None)
+class IdleTrainer:
+    """A trainer that trains nothing: each step moves a fake clock on by `seconds`, each
+    checkpoint is an empty index file."""
+
+    framework, workers, rank, global_batch, steps_per_epoch = "tensorflow", 1, 0, 256, 1
+    workload = types.SimpleNamespace(measures_quality=False)
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds, self.written = 0.0, seconds, []
+
+    def train_batches(self, epochs_done):
+        return itertools.repeat(None)
+
+    def train_step(self, batch):
+        self.now += self.seconds
+        return 1.0
+
+    def loss_value(self, loss):
+        return loss
+
+    def write_checkpoint(self, prefix, epochs_done):
+        prefix.with_name(prefix.name + ".index").write_text("")
+        self.written.append(epochs_done)
+        return prefix
 
 
-def _fake_epochs(engine, monkeypatch, seconds: float) -> None:
-    """Epochs that take `seconds` of the engine's (fake) clock and train nothing."""
-    now = [0.0]
-
-    def train_epoch(epoch, batches, progress, segment_start, log_every):
-        now[0] += seconds
-        progress.epochs_done = epoch + 1
-        progress.examples += 256
-        progress.epochs.append({"epoch": epoch + 1, "elapsed_s": now[0], "examples":
-                                progress.examples, "seconds": seconds, "loss": 1.0})  # fmt: skip
-
-    monkeypatch.setattr(engine, "clock", lambda: now[0])
-    monkeypatch.setattr(engine, "_train_epoch", train_epoch)
-    monkeypatch.setattr(engine, "_evaluate", lambda *args: None)
-    monkeypatch.setattr(engine, "train_batches", lambda seed_offset=0: None)
+def _idle_run(tmp_path, *overrides: str, run_dir=True) -> lifecycle.Run:
+    setup = config.prepare("image_classification", "tiny", list(overrides))
+    trainer = IdleTrainer(seconds=25.0)
+    return lifecycle.Run(
+        setup, trainer, RunDirectory(tmp_path) if run_dir else None, False,
+        Progress(config_fingerprint="x"), MLLogger(None), clock=lambda: trainer.now,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -72,31 +88,27 @@ def _fake_epochs(engine, monkeypatch, seconds: float) -> None:
     [(1.0, 0, [3, 6, 8]), (0.0, 0, [8]), (0.0, 3, [3, 6, 8]), (0.5, 4, [2, 4, 6, 8])],
 )
 def test_the_loop_writes_checkpoints_by_wall_time_at_epoch_ends_and_at_the_end(
-    engine, monkeypatch, tmp_path, minutes, every, written
+    tmp_path, minutes, every, written
 ):
     """25 s epochs on a fake clock: with 1 minute, epochs 3 (75 s) and 6 (75 s after it)."""
-    training = _training("training.epochs=8", f"training.checkpoint_every={every}",
-                         f"training.checkpoint_minutes={minutes}")  # fmt: skip
-    monkeypatch.setattr(engine, "training", training)
-    _fake_epochs(engine, monkeypatch, seconds=25.0)
-    progress = engine.train_epochs(Progress(config_fingerprint="x"), tmp_path)
+    one = _idle_run(tmp_path, "training.epochs=8", f"training.checkpoint_every={every}",
+                    f"training.checkpoint_minutes={minutes}")  # fmt: skip
+    progress = lifecycle.train_epochs(one)
     assert [c["epoch"] for c in progress.checkpoints] == written
     state = json.loads((tmp_path / "state.json").read_text())
     assert [c["epoch"] for c in state["checkpoints"]] == written and state["epochs_done"] == 8
     assert all(c["write_s"] >= 0 for c in state["checkpoints"])
+    assert state["framework"] == "tensorflow"
     # Only the last checkpoint is kept, under the prefix the state names.
     assert Path(state["checkpoint"]).name == "ckpt-8"
     assert {p.name.split(".")[0] for p in (tmp_path / "checkpoints").iterdir()} == {"ckpt-8"}
 
 
-def test_no_run_directory_writes_no_checkpoint(engine, monkeypatch, tmp_path):
+def test_no_run_directory_writes_no_checkpoint(tmp_path):
     """A worker other than the chief trains with no run directory: it writes nothing."""
-    monkeypatch.setattr(engine, "training", _training("training.epochs=8"))
-    _fake_epochs(engine, monkeypatch, seconds=25.0)
-    saved = []
-    monkeypatch.setattr(engine, "save", lambda *args: saved.append(args))
-    assert engine.train_epochs(Progress(config_fingerprint="x"), None).epochs_done == 8
-    assert saved == []
+    one = _idle_run(tmp_path, "training.epochs=8", run_dir=False)
+    assert lifecycle.train_epochs(one).epochs_done == 8
+    assert one.trainer.written == [] and not (tmp_path / "checkpoints").exists()
 
 
 # ------------------------------------------------------------------------ resume

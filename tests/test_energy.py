@@ -514,7 +514,8 @@ def fake_rapl_counter(monkeypatch, root: Path, watts: float) -> None:
 
 
 def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch):
-    from hpcai500_tf.engine import run, run_record
+    from hpcai500_tf import run_record
+    from hpcai500_tf.engine import run
 
     monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     now = time.time()
@@ -544,7 +545,8 @@ class FakeNVMLMissing(FakeNVML):
 
 
 def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, monkeypatch):
-    from hpcai500_tf.engine import run, run_record
+    from hpcai500_tf import run_record
+    from hpcai500_tf.engine import run
 
     from .test_train import StopBeforeEpoch
 
@@ -573,12 +575,11 @@ def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, mo
     ],
 )
 def test_a_meter_log_that_cannot_serve_is_a_warning_not_a_lost_run(tmp_path, content, warning):
-    from hpcai500_tf.engine import run
-    from hpcai500_tf.engine.loop import Progress
+    from hpcai500_tf.run_record import Progress, energy_result
 
     progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
     meter = _log(tmp_path, content)
-    block, warnings = run.energy_result(progress, ["GPU boards: none"], 10.0, str(meter))
+    block, warnings = energy_result(progress, ["GPU boards: none"], 10.0, str(meter))
     assert block["measured"] is False and block["reason"] == "GPU boards: none"
     assert any(warning in w for w in warnings)
 
@@ -697,35 +698,36 @@ def test_gpu_boards_beyond_the_slots_are_named(monkeypatch):
     ]
 
 
-class OneSegment:
-    """The engine `timed_run` needs: trains one 0.2 s segment, then raises `ending` if set."""
+def _one_segment(ending: BaseException | None):
+    """The epoch loop `timed_run` runs: one 0.2 s segment, then `ending` raised if set."""
 
-    view = None
-    saved_epochs = None
-
-    def __init__(self, ending: BaseException | None = None):
-        self.ending = ending
-
-    def train_epochs(self, progress, run_dir, power=None):
+    def train_epochs(one, power=None):
         start = time.time()
         time.sleep(0.2)
-        progress.segments.append({"start": start, "stop": time.time()})
-        if self.ending:
-            raise self.ending
+        one.progress.segments.append({"start": start, "stop": time.time()})
+        if ending:
+            raise ending
+
+    return train_epochs
 
 
 def _timed(tmp_path, monkeypatch, rank: int, workers: int, ending=None):
     """A worker's timed run, sampling a fake 50 W package: (the run, its outcome)."""
-    from hpcai500_tf.engine import run, run_record
+    from types import SimpleNamespace
+
+    from hpcai500_tf import lifecycle, run_record
+    from hpcai500_tf.mllog import MLLogger
+    from hpcai500_tf.run_directory import RunDirectory
 
     start = time.time()
     package = Source("rapl:package-0", "CPU package", "counter", "fake RAPL",
                      read_value=lambda: 50.0 * (time.time() - start))  # fmt: skip
     monkeypatch.setattr(run_record, "discover", lambda: ([package], []))
-    progress = run_record.Progress("x")
-    bench = run.BenchmarkRun(None, OneSegment(ending), workers, rank, tmp_path, False,
-                             progress, None)  # fmt: skip
-    return bench, run.timed_run(bench, 20.0)
+    monkeypatch.setattr(lifecycle, "train_epochs", _one_segment(ending))
+    trainer = SimpleNamespace(workers=workers, rank=rank, explain=lambda error: None)
+    bench = lifecycle.Run(None, trainer, RunDirectory(tmp_path), False, run_record.Progress("x"),
+                          MLLogger(None))  # fmt: skip
+    return bench, lifecycle.timed_run(bench, 20.0)
 
 
 def test_a_workers_power_sample_rows_name_it(tmp_path, monkeypatch):
@@ -738,12 +740,12 @@ def test_a_workers_power_sample_rows_name_it(tmp_path, monkeypatch):
 def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
     tmp_path, monkeypatch, published_record
 ):
-    from hpcai500_tf.engine import run
+    from hpcai500_tf import lifecycle, run_record
 
-    bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=run.Terminated())
+    bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=lifecycle.Terminated())
     assert outcome.status == "stopped" and outcome.peer_lost
-    others, notes = run.gather_energy(bench, outcome)  # no collective: the peers are stopping
-    energy, _ = run.energy_result(bench.progress, outcome.notes + notes, 20.0, None, others)
+    others, notes = lifecycle.gather_energy(bench, outcome)  # no collective: peers are stopping
+    energy, _ = run_record.energy_result(bench.progress, outcome.notes + notes, 20.0, None, others)
     missing = "workers 1-7: energy not gathered (the run was stopped by SIGTERM: no collective"
     assert energy["measured"] and energy["scope"] == "1 CPU package only"
     assert any(item.startswith(missing) for item in energy["parts_not_measured"])
@@ -769,8 +771,8 @@ def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
 def test_a_run_that_ended_without_gathering_says_whose_energy_is_missing(outcome, why):
     from types import SimpleNamespace
 
-    from hpcai500_tf.engine import run
+    from hpcai500_tf import lifecycle
 
     two_workers = SimpleNamespace(workers=2)
     notes = [f"worker 1: energy not gathered ({why})"]
-    assert run.gather_energy(two_workers, run.Outcome(**outcome)) == ([], notes)
+    assert lifecycle.gather_energy(two_workers, lifecycle.Outcome(**outcome)) == ([], notes)

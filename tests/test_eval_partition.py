@@ -77,12 +77,12 @@ def test_fewer_files_than_workers_is_a_warning(images, tmp_path, monkeypatch):
     engine = run.build_engine(setup, str(data_dir))
     assert engine.workers == 1 and engine.check_data() == []
     assert engine.workload.data_warnings(2) == []
-    engine.view = Messages()
+    view = Messages()
     monkeypatch.setattr(type(engine), "workers", property(lambda self: 3))
-    warnings = engine.check_data()
+    warnings = engine.check_data(view)
     assert warnings == [
         f"the {split} split has 2 TFRecord file(s) for 3 workers: its records are split by "
         "position within each file, so every worker reads every file"
         for split in ("train", "validation")
     ]
-    assert engine.view.lines == warnings
+    assert view.lines == warnings

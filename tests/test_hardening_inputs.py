@@ -14,8 +14,8 @@ from hpcai500_tf import cli, config
 from hpcai500_tf.cli import main
 from hpcai500_tf.energy.sampler import PowerSampler
 from hpcai500_tf.energy.sources import Source
-from hpcai500_tf.engine.mllog import MLLogger
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.mllog import MLLogger
 
 TRAIN = ["train", "image_classification", "--preset", "tiny"]
 
@@ -103,15 +103,17 @@ def test_power_refuses_bad_rates(arguments, message, capsys):
         {"extra": 1},
         "missing",
         {"epochs_done": "1"},
+        {"framework": "jax"},
     ],
 )
 def test_resume_state_of_the_wrong_shape_names_the_file(tmp_path, state):
     from dataclasses import asdict
 
-    from hpcai500_tf.engine.run_record import Progress
-    from hpcai500_tf.engine.run_state import STATE_FILE, read_state
+    from hpcai500_tf.run_record import Progress
+    from hpcai500_tf.run_state import STATE_FILE, read_state
 
     valid = {**asdict(Progress(config_fingerprint="f")), "checkpoint": "ckpt-1"}
+    valid["framework"] = "tensorflow"
     if state == "missing":
         state = {k: v for k, v in valid.items() if k != "energy"}
     elif isinstance(state, dict):

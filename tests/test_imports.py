@@ -10,15 +10,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "hpcai500_tf"
 FRAMEWORKS = ("tensorflow", "keras", "torch")
 
-# Config, checks, files, the record and its builder, scoring, compare, scaling, MLPerf logs
-# and results, energy, the run's lifecycle files (progress, resume state, MLPerf log lines),
-# Slurm, and the console and report pages.
+# Config, checks, files, the run directory's layout, the record and its builder, scoring,
+# compare, scaling, MLPerf logs and results, energy, the run's lifecycle files (progress,
+# resume state, MLPerf log lines), Slurm, and the console and report pages.
 CORE = [
     "analytical_flops", "compare", "config", "errors", "files", "layers", "mlperf_import",
-    "mlperf_system", "mlperf_tree", "record", "record_builder", "scaling", "scoring", "slurm",
-    "validation", "energy.integrate", "energy.meter_log", "energy.sampler", "energy.sources",
-    "engine.mllog", "engine.run_record", "engine.run_state", "models.kernel_choices",
-    "report.console", "report.pages", "report.run_files", "report.text", "workloads.settings",
+    "mlperf_system", "mlperf_tree", "record", "record_builder", "run_directory", "scaling",
+    "scoring", "slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
+    "energy.sources", "lifecycle", "mllog", "run_record", "run_state", "models.kernel_choices",
+    "report.console", "report.live", "report.pages", "report.run_files", "report.tensorboard",
+    "report.text", "workloads.settings",
 ]  # fmt: skip
 
 

@@ -107,7 +107,7 @@ def test_the_runner_process_refuses_tensorflow(torch_installed, tmp_path):
         "sys.argv = ['hpcai500-tf', 'train', 'image_classification', '--framework', 'pytorch', "
         f"'--preset', 'tiny', '--out', {str(tmp_path)!r}]\n"
         "from hpcai500_tf.pytorch import train as torch_train\n"
-        "torch_train.train = lambda *a, **k: __import__('tensorflow')\n"
+        "torch_train.run = lambda *a, **k: __import__('tensorflow')\n"
         "from hpcai500_tf.cli import main\n"
         "main()\n"
     )
@@ -121,7 +121,7 @@ def test_the_runner_process_refuses_tensorflow(torch_installed, tmp_path):
 
 
 SHARED_WITHOUT_TENSORFLOW = (
-    "hpcai500_tf.engine.run_record",
+    "hpcai500_tf.run_record",
     "hpcai500_tf.record_builder",
     "hpcai500_tf.record",
     "hpcai500_tf.validation",
@@ -129,9 +129,13 @@ SHARED_WITHOUT_TENSORFLOW = (
     "hpcai500_tf.energy.meter_log",
     "hpcai500_tf.energy.sampler",
     "hpcai500_tf.energy.sources",
-    "hpcai500_tf.engine.mllog",
+    "hpcai500_tf.mllog",
     "hpcai500_tf.engine.devices",  # bf16 against the GPU generation
     "hpcai500_tf.config",
+    "hpcai500_tf.lifecycle",
+    "hpcai500_tf.report.tensorboard",
+    "hpcai500_tf.run_directory",
+    "hpcai500_tf.engine.cluster",  # the CLI's strategy override, before any framework loads
 )
 
 
@@ -385,8 +389,8 @@ def test_the_logits_start_as_the_tensorflow_models_do(torch_installed):
     "arguments, message",
     [
         (["--framework", "jax"], "invalid choice: 'jax'"),
-        (["--framework", "pytorch", "--resume", "x"], "--resume is not available with"),
-        (["--framework", "pytorch", "--workers", "2"], "--workers is not available with"),
+        (["--device", "cuda"], "--device is for --framework pytorch"),
+        (["--framework", "pytorch", "--resume", "x"], "x: not a run directory (no config.json)"),
     ],
 )
 def test_a_framework_or_option_it_lacks_is_one_line(arguments, message, capsys):
@@ -434,7 +438,7 @@ def test_a_nan_loss_is_a_diverged_run_on_both_frameworks(torch_installed, tmp_pa
     probe.write_text(
         "import sys\n"
         "from hpcai500_tf.pytorch import train as torch_train\n"
-        "torch_train.TorchRunner.loss_with_decay = lambda self, loss: float('nan')\n"
+        "torch_train.TorchTrainer.loss_value = lambda self, loss: float('nan')\n"
         "from hpcai500_tf.cli import main\n"
         "if __name__ == '__main__':  # the feeder process is spawned: it imports this file\n"
         "    sys.exit(main(['train', 'image_classification', '--framework', 'pytorch', "

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcai500_tf import launch, record
-from hpcai500_tf.engine import run
+from hpcai500_tf import lifecycle as run
 
 EPOCHS = ["--set", "training.epochs=6"]
 
@@ -148,11 +148,12 @@ def test_a_stop_before_the_record_exits_with_the_signals_code(
     tmp_path, monkeypatch, capsys, stop, code, line
 ):
     from hpcai500_tf.cli import main
+    from hpcai500_tf.engine import run as tensorflow_backend
 
     def stopped(*args, **kwargs):
         raise stop
 
-    monkeypatch.setattr(run, "run_benchmark", stopped)
+    monkeypatch.setattr(tensorflow_backend, "run", stopped)
     argv = ["train", "image_classification", "--preset", "tiny", "--out", str(tmp_path)]
     assert main(argv) == code
     assert capsys.readouterr().err.strip() == line

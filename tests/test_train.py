@@ -158,24 +158,27 @@ def test_resume_continues_without_double_counting(tmp_path):
 def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
     import numpy as np
 
-    from hpcai500_tf.engine.loop import Progress
+    from hpcai500_tf import lifecycle
+    from hpcai500_tf.run_directory import RunDirectory
+    from hpcai500_tf.run_record import Progress
 
     setup = config.prepare("image_classification", "tiny", [])
-    engine = run.build_engine(setup, None)
+    trainer = run.build_trainer(setup, lifecycle.RunOptions())
+    engine = trainer.engine
     engine.warm_up_checkpoints()
-    batches = engine.train_batches()
-    engine.train_step(*next(batches))
+    batches = trainer.train_batches(0)
+    trainer.train_step(next(batches))
     epoch = {"epoch": 1, "elapsed_s": 1.0, "examples": 32, "seconds": 1.0, "loss": 2.0}
     progress = Progress(
         config_fingerprint="x", epochs_done=1, examples=32, epochs=[epoch],
         segments=[{"start": 10.0, "stop": 11.0}], energy=[[]], init_start=9.0, run_start=10.0,
     )  # fmt: skip
-    engine.save(tmp_path, progress)
+    lifecycle.save_checkpoint(trainer, RunDirectory(tmp_path), progress)
     variables = [*engine.model.variables, *engine.optimizer.variables]
     saved = [v.numpy().copy() for v in variables]
-    engine.train_step(*next(batches))
+    trainer.train_step(next(batches))
     assert any(not np.array_equal(s, v.numpy()) for s, v in zip(saved, variables, strict=True))
-    progress = engine.restore(tmp_path, "x")
+    progress = lifecycle.restore(trainer, RunDirectory(tmp_path), "x")
     assert progress.epochs_done == 1
     for value, variable in zip(saved, variables, strict=True):
         np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.path)

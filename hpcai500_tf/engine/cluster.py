@@ -86,10 +86,12 @@ def cluster_in_environment() -> str | None:
     return "Slurm" if under_slurm() else None
 
 
-def strategy_overrides(launching_workers: bool) -> list[str]:
+def strategy_overrides(launching_workers: bool, framework: str = "tensorflow") -> list[str]:
     """The config override a run takes from its environment: multi_worker when this process
-    launches workers (--workers N) or is one task of a cluster (srun, TF_CONFIG)."""
-    if launching_workers or cluster_in_environment():
+    launches workers (--workers N) or is one task of a cluster (srun, TF_CONFIG; for PyTorch,
+    also torchrun's WORLD_SIZE above 1)."""
+    torch_workers = framework == "pytorch" and os.environ.get("WORLD_SIZE", "1") not in ("", "1")
+    if launching_workers or torch_workers or cluster_in_environment():
         if not node_gpu_count() and benchmark_layers.amd_gpus()[0]:
             raise UserError(
                 "multi-worker runs on AMD GPUs are not built yet (GPUs are handed out by "

@@ -1,55 +1,27 @@
-"""The training engine: one strategy-aware loop for every workload.
+"""The TensorFlow engine: the model and optimizer under a strategy, the train and eval
+steps, mixed precision, the input pipeline as distributed datasets, and the checkpoint files.
 
-It owns distribution, mixed precision, the train and eval steps, time accounting (segments,
-so a resumed run is never double-counted), evaluation cadence, checkpoints, divergence,
-the MLPerf log and the record. A workload supplies model, data, loss and quality only.
+The run's lifecycle (the epoch loop, time accounting, evaluation cadence, checkpoint cadence,
+the MLPerf log, the record) is framework-neutral and lives in lifecycle.py; engine/run.py puts
+this engine behind it. A workload supplies model, data, loss and quality only.
 """
 
 from __future__ import annotations
 
-import math
-import shutil
 import tempfile
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import keras
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config  # disable_op_determinism
 
-from hpcai500_tf import record as record_io
 from hpcai500_tf.config import OptimizerConfig, TrainingConfig, precision_policy_on
-from hpcai500_tf.engine import optimizers, run_state
-from hpcai500_tf.engine.mllog import MLLogger
-from hpcai500_tf.engine.run_record import Progress, diverged
-from hpcai500_tf.engine.run_state import STATE_FILE
+from hpcai500_tf.engine import optimizers
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
+from hpcai500_tf.run_directory import STATE_FILE
 from hpcai500_tf.workloads.interface import Workload
-
-
-def checkpoint_due(training: TrainingConfig, epochs_done: int, seconds_since: float) -> bool:
-    """Whether the end of epoch `epochs_done` writes a checkpoint, `seconds_since` the last one
-    (or the segment's start): after the last epoch always; before it once
-    `checkpoint_minutes` of wall time have passed, or every `checkpoint_every` epochs (each 0:
-    never)."""
-    if epochs_done >= training.epochs:
-        return True
-    minutes, every = training.checkpoint_minutes, training.checkpoint_every
-    by_time = minutes > 0 and seconds_since >= 60 * minutes
-    return by_time or (every > 0 and epochs_done % every == 0)
-
-
-def cadence(training: TrainingConfig) -> str:
-    """`training`'s checkpoint cadence in words, for the record."""
-    minutes, every = training.checkpoint_minutes, training.checkpoint_every
-    ways = [f"every {minutes:g} min of wall time"] if minutes else []
-    ways += [f"every {every} epoch(s)"] if every else []
-    if not ways:
-        return "after the last epoch only"
-    return f"{' or '.join(ways)} (at an epoch's end), and after the last epoch"
 
 
 def precision_policy(precision: str) -> str:
@@ -58,7 +30,7 @@ def precision_policy(precision: str) -> str:
 
 
 class Engine:
-    """Builds the model under a strategy and trains it to the epoch budget."""
+    """The model and optimizer built under a strategy, and the steps that train them."""
 
     def __init__(
         self,
@@ -66,19 +38,12 @@ class Engine:
         training: TrainingConfig,
         optimizer: OptimizerConfig,
         strategy: tf.distribute.Strategy,
-        mllog: MLLogger | None = None,
-        view=None,
     ):
         self.workload = workload
         self.training = training
         self.optimizer_config = optimizer
         self.strategy = strategy
-        self.mllog = mllog or MLLogger(None)
-        self.view = view
         self.replicas = strategy.num_replicas_in_sync
-        self.saved_epochs: int | None = None  # epochs the last checkpoint holds
-        self.clock = time.monotonic  # what checkpoint cadence is measured by
-        self.trace = None  # a profiler trace of chosen steps (report.tensorboard.StepTrace)
         self.global_batch = training.batch_per_replica * self.replicas
         self.steps_per_epoch = workload.train_examples // self.global_batch
         if self.steps_per_epoch < 1:
@@ -194,9 +159,10 @@ class Engine:
     def train_batches(self, seed_offset: int = 0):
         return iter(self._dataset(True, self.training.seed + seed_offset))
 
-    def check_data(self) -> list[str]:
+    def check_data(self, view=None) -> list[str]:
         """Refuse training data whose images do not fit the model: the workload's input shape
-        and `input_dtype`. Reads no data. Returns the workload's data warnings, shown too."""
+        and `input_dtype`. Reads no data. Returns the workload's data warnings, shown on
+        `view` too."""
         images_spec = self._dataset(True, self.training.seed).element_spec[0]
         specs = getattr(images_spec, "_value_specs", None) or (images_spec,)
         expected = tuple(self.workload.input_shape())
@@ -208,8 +174,8 @@ class Engine:
                     f"{tuple(spec.shape[1:])}; the model expects {dtype.name} {expected}"
                 )
         warnings = self.workload.data_warnings(self.workers)
-        for warning in warnings if self.view else ():
-            self.view.message(warning)
+        for warning in warnings if view else ():
+            view.message(warning)
         return warnings
 
     def synthetic_batch(self):
@@ -278,51 +244,19 @@ class Engine:
         with tempfile.TemporaryDirectory(prefix="hpcai500-warm-up-") as scratch:
             self._write_checkpoint(str(Path(scratch) / "ckpt"))
 
-    def save(self, run_dir: Path, progress: Progress) -> None:
-        """Write the model and optimizer under a new prefix, then the state naming it
-        (atomically, with the write's time in `progress.checkpoints`), then remove the ones
-        before it: a kill at any moment leaves a state whose checkpoint is whole."""
-        directory = run_dir / "checkpoints"
-        directory.mkdir(exist_ok=True)
-        started = time.monotonic()
-        self.checkpoint_epochs.assign(progress.epochs_done)
-        prefix = self._write_checkpoint(str(directory / f"ckpt-{progress.epochs_done}"))
-        prefix = prefix.numpy().decode()
-        progress.checkpoints.append(
-            {
-                "epoch": progress.epochs_done,
-                "elapsed_s": progress.elapsed(),
-                "write_s": time.monotonic() - started,
-            }
-        )
-        record_io.write_atomic(
-            run_dir / STATE_FILE, {**asdict(progress), "checkpoint": prefix}, overwrite=True
-        )
-        self.saved_epochs = progress.epochs_done
-        for old in directory.glob("ckpt*"):  # ckpt (before numbering), ckpt-N.*, a _temp dir
-            if old.name.startswith(Path(prefix).name + "."):
-                continue
-            if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
+    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
+        """The model and optimizer, with the epochs they hold, under `prefix` (its index and
+        data files); returns the prefix written."""
+        self.checkpoint_epochs.assign(epochs_done)
+        return Path(self._write_checkpoint(str(prefix)).numpy().decode())
 
-    def restore(self, run_dir: Path, fingerprint_now: str) -> Progress:
-        """The progress and the model and optimizer of a stopped run's last checkpoint, each
-        checked first (`run_state`): the checkpoint's own epoch count against the state's and
-        every tensor against its checksum, so that nothing damaged is found mid-training."""
-        state = run_state.read_state(run_dir)
-        if state["config_fingerprint"] != fingerprint_now:
-            raise UserError(
-                f"{run_dir}: it was started with another config; resume it with the "
-                "same benchmark, preset and --set values, or with --resume alone"
-            )
-        prefix = run_state.checkpoint_prefix(run_dir, state)
-        del state["checkpoint"]
+    def read_checkpoint(self, prefix: Path, epochs_done: int) -> None:
+        """The model and optimizer of the checkpoint at `prefix`, checked first: its own epoch
+        count against the state's `epochs_done`, and every tensor against its checksum."""
         held = self._verify_checkpoint(prefix)
-        if held is not None and held != state["epochs_done"]:
+        if held is not None and held != epochs_done:
             raise UserError(
-                f"{run_dir / STATE_FILE}: says {state['epochs_done']} epochs were done, but "
+                f"{prefix.parent.parent / STATE_FILE}: says {epochs_done} epochs were done, but "
                 f"its checkpoint {prefix} holds {held}: resume refused"
             )
         checkpoint = self.checkpoint
@@ -334,8 +268,6 @@ class Engine:
             raise UserError(
                 f"{prefix}: cannot restore the checkpoint ({_first_line(error)})"
             ) from None
-        self.saved_epochs = state["epochs_done"]
-        return Progress(**state)
 
     @staticmethod
     def _verify_checkpoint(prefix: Path) -> int | None:
@@ -351,117 +283,7 @@ class Engine:
         except (tf.errors.OpError, ValueError, TypeError, IndexError, RuntimeError) as error:
             raise UserError(f"{prefix}: the checkpoint is damaged ({_first_line(error)})") from None
 
-    # ------------------------------------------------------------------ the loop
-
-    def train_epochs(
-        self, progress: Progress, run_dir: Path | None, log_every: int = 10, power=None
-    ) -> Progress:
-        """Train from `progress.epochs_done` to the budget; returns the final progress.
-
-        Checkpoints go to `run_dir` (None: none, as on a worker other than the chief) at the
-        epoch ends `checkpoint_due` picks. `power`, a running `PowerSampler`, puts the energy
-        so far into each; the caller stops it and adds the last segment's energy after this
-        returns."""
-        t = self.training
-        batches = self.train_batches(seed_offset=progress.epochs_done)
-        segment_start, last_checkpoint = time.time(), self.clock()
-        if progress.run_start is None:
-            progress.run_start = segment_start
-            self.mllog.start("run_start", time_ms=segment_start * 1000)
-        try:
-            for epoch in range(progress.epochs_done, t.epochs):
-                self._train_epoch(epoch, batches, progress, segment_start, log_every)
-                if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
-                    self._evaluate(epoch, progress, segment_start)
-                if run_dir and checkpoint_due(t, epoch + 1, self.clock() - last_checkpoint):
-                    self._checkpoint(run_dir, progress, segment_start, power)
-                    last_checkpoint = self.clock()
-        finally:
-            progress.segments.append({"start": segment_start, "stop": time.time()})
-            if self.trace:
-                self.trace.stop()  # a run ended inside the traced steps
-        return progress
-
-    def _checkpoint(self, run_dir: Path, progress: Progress, segment_start: float, power) -> None:
-        """Save the progress so far, the open segment closed now with its energy so far."""
-        stop, energy = power.measure_so_far(segment_start) if power else (time.time(), [])
-        snapshot = Progress(
-            **{
-                **asdict(progress),
-                "segments": [*progress.segments, {"start": segment_start, "stop": stop}],
-                "energy": [*progress.energy, energy],
-            }
-        )
-        self.save(run_dir, snapshot)
-        progress.checkpoints = snapshot.checkpoints
-
-    def _train_epoch(self, epoch, batches, progress, segment_start, log_every):
-        self.mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
-        self.mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
-        if self.view:
-            self.view.epoch_start(epoch + 1, self.training.epochs, self.steps_per_epoch)
-        epoch_start = time.time()
-        loss = None
-        first_step = epoch * self.steps_per_epoch  # global steps before this epoch's
-        for step in range(self.steps_per_epoch):
-            images, labels = next(batches)
-            if self.trace:
-                self.trace.before(first_step + step + 1)
-            loss = self.train_step(images, labels)
-            if self.trace:
-                self.trace.after(first_step + step + 1, loss)
-            if (step + 1) % log_every == 0 or step + 1 == self.steps_per_epoch:
-                value = float(loss)  # reading back the value syncs the device
-                if not math.isfinite(value):
-                    raise diverged(value, epoch + 1, step + 1)
-                if self.view:
-                    seconds = time.time() - epoch_start
-                    self.view.step(
-                        step + 1,
-                        value,
-                        self._learning_rate(),
-                        (step + 1) * self.global_batch / seconds,
-                    )
-        seconds = time.time() - epoch_start
-        progress.examples += self.steps_per_epoch * self.global_batch
-        progress.epochs_done = epoch + 1
-        elapsed = progress.elapsed(open_segment=segment_start)
-        progress.epochs.append(
-            {
-                "epoch": epoch + 1,
-                "elapsed_s": elapsed,
-                "examples": progress.examples,
-                "seconds": seconds,
-                "loss": float(loss),
-            }
-        )
-        self.mllog.end("block_stop", metadata={"first_epoch_num": epoch + 1})
-        self.mllog.end("epoch_stop", metadata={"epoch_num": epoch + 1})
-        if self.view:
-            self.view.epoch_end(
-                epoch + 1, float(loss), self.steps_per_epoch * self.global_batch / seconds
-            )
-
-    def _evaluate(self, epoch, progress, segment_start):
-        if not self.workload.measures_quality:
-            return
-        self.mllog.start("eval_start", metadata={"epoch_num": epoch + 1})
-        quality = self.evaluate()
-        elapsed = progress.elapsed(open_segment=segment_start)
-        progress.curve.append(
-            {
-                "epoch": epoch + 1,
-                "elapsed_s": elapsed,
-                "examples": progress.examples,
-                "value": quality,
-            }
-        )
-        self.mllog.event("eval_accuracy", quality, metadata={"epoch_num": epoch + 1})
-        self.mllog.end("eval_stop", metadata={"epoch_num": epoch + 1})
-        if self.view:
-            self.view.evaluation(epoch + 1, quality, self.training.target_quality)
-
-    def _learning_rate(self) -> float:
+    def learning_rate(self) -> float:
         optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         return float(optimizer.learning_rate)
 

@@ -10,6 +10,8 @@ runner imports only PyTorch. Batches cross in shared memory, a few slots per str
 slot numbers on a pipe: one copy into the slot, one out of it.
 
     feeder = Feeder("image_classification", config, data_dir, batch=32, deterministic=True)
+    # one of several workers: its shard (count, index) of both splits, as the TensorFlow engine
+    feeder = Feeder(..., shard=(workers.world_size, workers.rank))
     feeder.workload      # the workload's facts the record needs (WorkloadFacts)
     for images, labels, count in feeder.batches(training=True, seed=10): ...
     feeder.close()
@@ -52,6 +54,7 @@ class WorkloadFacts:
     layer: dict  # L7 as the TensorFlow workload reports it
     dataset: str  # L9's dataset name
     problem: dict  # L9's facts verified from the data (counts, fingerprints)
+    data_warnings: tuple = ()  # the workload's, for the feeders' shard count (workers)
     # L7's kernels: the runner's model is plain torch.nn layers (pytorch/resnet.py), the
     # counterpart of TensorFlow's "stock"; none of TensorFlow's CPU workarounds runs there.
     kernels = "stock"
@@ -70,13 +73,26 @@ class Feeder:
     """A child process that runs the benchmark's tf.data pipeline and hands out batches."""
 
     def __init__(
-        self, benchmark: str, config: dict, data_dir: str | None, batch: int, deterministic: bool
+        self,
+        benchmark: str,
+        config: dict,
+        data_dir: str | None,
+        batch: int,
+        deterministic: bool,
+        shard: tuple[int, int] = (1, 0),
     ):
+        """`shard` = (count, index): this worker reads part `index` of `count` of the training
+        and the evaluation data (the workload's `dataset(training, seed, shard)`, as the
+        TensorFlow engine shards its input pipelines); (1, 0) reads all of both."""
+        count, index = shard
+        if count < 1 or not 0 <= index < count:
+            raise ValueError(f"shard {shard} is not (count >= 1, 0 <= index < count)")
+        self.shard = (int(count), int(index))
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no PyTorch in it
         self._pipe, child_end = context.Pipe()
         self._process = context.Process(
             target=_serve,
-            args=(child_end, benchmark, config, data_dir, batch, deterministic),
+            args=(child_end, benchmark, config, data_dir, batch, deterministic, self.shard),
             name="hpcai500-tf-data",
             daemon=True,
         )
@@ -167,7 +183,7 @@ class Feeder:
         self._memory = []
 
 
-def _serve(pipe, benchmark, config, data_dir, batch, deterministic) -> None:
+def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)) -> None:
     """The child: build the workload, then answer the runner's requests in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     try:
@@ -203,6 +219,7 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic) -> None:
                     "layer": workload.workload_layer(),
                     "dataset": workload.dataset_name(),
                     "problem": workload.problem_layer(),
+                    "data_warnings": tuple(workload.data_warnings(shard[0])),
                 },
             )
         )
@@ -232,7 +249,7 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic) -> None:
         try:
             if kind == "open":
                 _, _, training, seed, name = message
-                dataset = workload.dataset(training, seed, (1, 0))
+                dataset = workload.dataset(training, seed, shard)
                 if training:
                     dataset = dataset.repeat()
                 options = tf.data.Options()

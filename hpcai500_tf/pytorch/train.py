@@ -1,8 +1,9 @@
-"""The PyTorch reference runner: trains a benchmark preset in plain PyTorch and writes the same
-record and MLPerf log as `hpcai500-tf train`, so the framework layer (L5) can be compared.
+"""The PyTorch backend: trains a benchmark preset in plain PyTorch behind the lifecycle's
+`Trainer` interface (lifecycle.py), so that the run, its log, checkpoints, resume, power,
+TensorBoard and record are the TensorFlow side's own and only the framework layer (L5) differs.
 
     hpcai500-tf train image_classification --framework pytorch [--preset smoke] [--set K=V]
-        [--data DIR] [--out runs] [--power-hz 10] [--meter-log FILE] [--device auto]
+        [--data DIR] [--resume RUN_DIR] [--workers N] [--device auto] [--profile-steps A-B]
 
 What is shared with the TensorFlow side, so that only the framework differs:
 - the config (presets, `--set`) and everything derived from it: hyperparameters, schedule,
@@ -20,20 +21,26 @@ torch.utils.flop_counter.FlopCounterMode over one train step (forward and backwa
 batch that runs. Momentum follows PyTorch's form (buffer = m x buffer + g; w -= lr x buffer),
 which is TF1's (`optimizer.momentum_form = "tf1"`, the reference's); a config asking for
 Keras's form, Keras's "same" padding of strided convolutions (the model pads them
-symmetrically, as the reference does) or a fixed float16 loss scale is refused. Single
-process only (training.strategy default, or mirrored on one device); SGD only (LARS is
-refused).
+symmetrically, as the reference does) or a fixed float16 loss scale is refused. Several
+workers train through torch.distributed with DistributedDataParallel (pytorch/distributed.py:
+started by `--workers N`, torchrun or srun), one device each; SGD only (LARS is refused).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
+import platform
 import sys
-import time
+from pathlib import Path
 
-from hpcai500_tf.config import peak_learning_rate, precision_policy_on
-from hpcai500_tf.errors import ArgumentParser, UserError
+from hpcai500_tf import benchmark_layers
+from hpcai500_tf.config import Setup, peak_learning_rate, precision_policy_on
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.lifecycle import Failure, RunOptions
+from hpcai500_tf.lifecycle import run as run_lifecycle
+from hpcai500_tf.pytorch import distributed
 from hpcai500_tf.pytorch.build import (
     check_mixed_precision,
     choose_device,
@@ -41,7 +48,8 @@ from hpcai500_tf.pytorch.build import (
     torch_build,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederError
-from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
+from hpcai500_tf.run_directory import STATE_FILE
+from hpcai500_tf.run_record import fingerprint
 
 
 def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:
@@ -92,8 +100,22 @@ def initialise_logits(torch, fc, initializer: str) -> None:
         torch.nn.init.normal_(fc.weight, std=0.01)
 
 
-class TorchRunner:
-    def __init__(self, setup, data_dir: str | None, device: str = "auto"):
+def run(setup: Setup, options: RunOptions, view=None) -> tuple[dict | None, Path | None]:
+    """Run the benchmark on PyTorch (see lifecycle.run)."""
+    return run_lifecycle(setup, options, TorchTrainer, view)
+
+
+def end_worker(code: int) -> None:
+    """Nothing to do: a worker's process group is left when its trainer closes, and `train`
+    then exits with `code`."""
+
+
+class TorchTrainer:
+    """The PyTorch model, optimizer and steps behind the lifecycle's `Trainer` interface."""
+
+    framework = "pytorch"
+
+    def __init__(self, setup: Setup, options: RunOptions, view=None):
         torch = self.torch = import_torch()
         from hpcai500_tf.pytorch.resnet import ResNet50V15
 
@@ -102,36 +124,72 @@ class TorchRunner:
             raise UserError("the PyTorch runner trains image_classification only")
         if o.name != "sgd":
             raise UserError("the PyTorch runner implements SGD only, not LARS")
-        self.device = choose_device(torch, device)
-        refuse_other_forms(setup, self.device.type == "cuda")
-        if t.strategy not in ("default", "mirrored") or (
-            t.strategy == "mirrored" and torch.cuda.device_count() > 1
+        self.setup, self.warnings = setup, []
+        self.placement = distributed.workers_from_environment()
+        self.workers, self.rank = self.placement.world_size, self.placement.rank
+        device = choose_device(torch, options.device)
+        refuse_other_forms(setup, device.type == "cuda")
+        if self.workers == 1 and (
+            t.strategy not in ("default", "mirrored")
+            or (t.strategy == "mirrored" and torch.cuda.device_count() > 1)
         ):
-            raise UserError("the PyTorch runner trains in one process on one device")
-        self.setup = setup
-        self.global_batch = t.batch_per_replica
-        # TensorFlow feeds the data from a process of its own (see pytorch/feeder.py).
+            raise UserError(
+                "the PyTorch runner trains one device per process: several run as several "
+                "workers (--workers N, torchrun or srun)"
+            )
+        timeout_s = setup.communication.timeout_s or 1800.0
+        self.device = distributed.init_process_group(torch, self.placement, device, timeout_s)
+        self.global_batch = t.batch_per_replica * self.workers
+        # TensorFlow feeds the data from a process of its own (see pytorch/feeder.py): this
+        # worker's part of the training and evaluation data, a replica's batch at a time.
         self.feeder = Feeder(
-            setup.benchmark.name, setup.config, data_dir, self.global_batch, t.deterministic
-        )
+            setup.benchmark.name, setup.config, options.data_dir, t.batch_per_replica,
+            t.deterministic, shard=(self.workers, self.rank),
+        )  # fmt: skip
+        try:
+            self._build(torch, setup, ResNet50V15)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, torch, setup: Setup, resnet) -> None:
+        t, o = setup.training, setup.optimizer
         self.workload = self.feeder.workload
         self.steps_per_epoch = self.workload.train_examples // self.global_batch
         if self.steps_per_epoch < 1:
-            raise UserError("the training data make no full batch: lower batch_per_replica")
+            raise UserError(
+                f"{self.workload.train_examples} training examples make no full batch of "
+                f"{self.global_batch}: lower training.batch_per_replica"
+            )
+        if self.workers > 1:
+            if self.workload.eval_examples < self.workers:
+                raise UserError(
+                    f"{self.workload.eval_examples} evaluation examples cannot be sharded to "
+                    f"{self.workers} workers"
+                )
+            if not distributed.same_on_all_workers(
+                torch, self.placement, fingerprint(setup.config)
+            ):
+                raise UserError(
+                    "the workers were started with different configs: start every worker "
+                    "with the same benchmark, preset and --set values"
+                )
         torch.manual_seed(t.seed)
         if t.deterministic:  # this call imports torch._inductor (and triton, where present)
             torch.use_deterministic_algorithms(True)
         m = self.workload.model
-        self.model = ResNet50V15(self.workload.num_classes, m["width"], tuple(m["blocks"]))
-        initialise_logits(torch, self.model.fc, m.get("logits_initializer", "normal_0.01"))
-        for module in self.model.modules():
+        model = resnet(self.workload.num_classes, m["width"], tuple(m["blocks"]))
+        initialise_logits(torch, model.fc, m.get("logits_initializer", "normal_0.01"))
+        for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.momentum, module.eps = 1.0 - m["bn_momentum"], m["bn_epsilon"]
                 if not m["zero_init_residual"]:
                     torch.nn.init.ones_(module.weight)
-        self.model = self.model.to(self.device, memory_format=torch.channels_last)
+        self.module = model.to(self.device, memory_format=torch.channels_last)
+        # Every worker starts from the chief's weights; its gradients are averaged over all.
+        self.model = distributed.wrap_model(torch, self.module, self.placement, self.device)
         decayed, kept = [], []
-        for parameter in self.model.parameters():
+        for parameter in self.module.parameters():
             is_bn_or_bias = parameter.ndim == 1
             (kept if is_bn_or_bias and not o.decay_all_variables else decayed).append(parameter)
         self.optimizer = torch.optim.SGD(
@@ -159,7 +217,7 @@ class TorchRunner:
 
     # ------------------------------------------------------------------ data
 
-    def batches(self, training: bool, seed: int):
+    def _batches(self, training: bool, seed: int):
         torch = self.torch
         for images, labels, _ in self.feeder.batches(training, seed):
             # Copied out of the feeder's shared slot, which is refilled after the next request.
@@ -169,14 +227,19 @@ class TorchRunner:
                 torch.from_numpy(labels).to(self.device, copy=True),
             )
 
+    def train_batches(self, epochs_done: int):
+        """The training stream, seeded as the TensorFlow engine's (seed + epochs done)."""
+        return self._batches(True, self.setup.training.seed + epochs_done)
+
     # ------------------------------------------------------------------ steps
 
     def _autocast(self):
         dtype = self.torch.float16 if self.precision == "mixed_float16" else self.torch.bfloat16
         return self.torch.autocast(self.device.type, dtype=dtype, enabled=self.mixed)
 
-    def train_step(self, images, labels):
+    def train_step(self, batch):
         """One step; returns the loss tensor (reading it syncs the device)."""
+        images, labels = batch
         rate = learning_rate(
             self.step,
             self.steps_per_epoch,
@@ -194,69 +257,87 @@ class TorchRunner:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.step += 1
+        if self.workers > 1 and self.step % self.steps_per_epoch == 0:
+            # Every worker's batch-norm statistics, the mean over all at each epoch's end, as
+            # a Keras batch norm's under a tf.distribute strategy: what evaluation and a
+            # checkpoint (the chief's) read.
+            distributed.average_buffers(self.torch, self.placement, self.module)
         return loss
 
-    def loss_with_decay(self, loss) -> float:
-        """The loss as the TensorFlow engine reports it: with its weight-decay term."""
+    def loss_value(self, loss) -> float:
+        """The loss as the TensorFlow engine reports it: the mean over every worker's batch,
+        with its weight-decay term (the same on every worker, so all of them see a NaN)."""
         with self.torch.no_grad():
             l2 = sum(float((p.float() ** 2).sum()) for p in self.decayed) / 2
-        return float(loss.detach()) + self.setup.optimizer.weight_decay * l2
+        value = float(loss.detach())
+        if self.workers > 1:
+            rows = distributed.all_gather_rows(self.torch, self.placement, [value])
+            value = sum(row[0] for row in rows) / len(rows)
+        return value + self.setup.optimizer.weight_decay * l2
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def evaluate(self) -> float:
+        """Top-1 accuracy over the evaluation split: each worker's part, summed over all."""
         correct = count = 0
         self.model.eval()
         with self.torch.no_grad(), self._autocast():
-            for images, labels in self.batches(False, self.setup.training.seed):
-                correct += int((self.model(images).argmax(1) == labels).sum())
+            for images, labels in self._batches(False, self.setup.training.seed):
+                correct += int((self.module(images).argmax(1) == labels).sum())
                 count += len(labels)
+        if self.workers > 1:
+            rows = distributed.all_gather_rows(self.torch, self.placement, [correct, count])
+            correct, count = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if count == 0:
             raise UserError("the evaluation split produced no examples")
         return correct / count
 
-    def zero_batch(self):
-        size = self.workload.image_size
-        images = self.torch.zeros(self.global_batch, 3, size, size, device=self.device).contiguous(
+    def _zero_batch(self):
+        size, batch = self.workload.image_size, self.setup.training.batch_per_replica
+        images = self.torch.zeros(batch, 3, size, size, device=self.device).contiguous(
             memory_format=self.torch.channels_last
         )
-        return images, self.torch.zeros(
-            self.global_batch, dtype=self.torch.long, device=self.device
-        )
+        return images, self.torch.zeros(batch, dtype=self.torch.long, device=self.device)
 
-    def warm_up(self) -> None:
-        """One step on a zero batch, then every parameter, buffer and optimizer state back."""
-        model_state = copy.deepcopy(self.model.state_dict())
+    def warm_up(self, checkpoints: bool) -> None:
+        """One step on a zero batch, then every parameter, buffer and optimizer state back
+        (a checkpoint is a torch.save: nothing of it to warm up)."""
+        model_state = copy.deepcopy(self.module.state_dict())
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
-        float(self.train_step(*self.zero_batch()).detach())
-        self.model.load_state_dict(model_state)
+        float(self.train_step(self._zero_batch()).detach())
+        self.module.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
         self.step = 0
 
     def count_flops(self) -> dict:
         from torch.utils.flop_counter import FlopCounterMode
 
-        torch, images, labels = self.torch, *self.zero_batch()
-        model_state = copy.deepcopy(self.model.state_dict())
-        self.model.train()
+        torch, (images, labels) = self.torch, self._zero_batch()
+        model_state = copy.deepcopy(self.module.state_dict())
+        self.module.train()
         with FlopCounterMode(display=False) as counter:
             with self._autocast():
-                loss = self.loss_fn(self.model(images), labels)
+                loss = self.loss_fn(self.module(images), labels)
             loss.backward()
         training = counter.get_total_flops()
         by_op = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
-        self.model.zero_grad(set_to_none=True)
-        self.model.eval()
+        self.module.zero_grad(set_to_none=True)
+        self.module.eval()
         with FlopCounterMode(display=False) as counter, torch.no_grad(), self._autocast():
-            self.model(images)
+            self.module(images)
         forward = counter.get_total_flops()
-        self.model.load_state_dict(model_state)
-        batch = self.global_batch
+        self.module.load_state_dict(model_state)
+        batch = len(images)
         return {
             "per_example_training": training / batch,
             "per_example_forward": forward / batch,
             "analytical_per_example_forward": self.analytical_forward_flops(),
             "method": (
                 "torch.utils.flop_counter.FlopCounterMode over one train step (forward and "
-                f"backward; the SGD update is not counted) at batch {batch}; multiply-add = 2"
+                f"backward; the SGD update is not counted) at batch {batch}"
+                + (f" (per worker; global batch {self.global_batch})" if self.workers > 1 else "")
+                + "; multiply-add = 2"
             ),
             "basis": "pytorch-flop-counter",
             "counted_op_types": sorted(by_op),
@@ -277,32 +358,93 @@ class TorchRunner:
 
         hooks = [
             m.register_forward_hook(conv if isinstance(m, torch.nn.Conv2d) else dense)
-            for m in self.model.modules()
+            for m in self.module.modules()
             if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)
         ]
         size = self.workload.image_size
-        self.model.eval()
+        self.module.eval()
         with torch.no_grad():
-            self.model(torch.zeros(1, 3, size, size, device=self.device))
+            self.module(torch.zeros(1, 3, size, size, device=self.device))
         for hook in hooks:
             hook.remove()
         return float(sum(total))
 
-    # ------------------------------------------------------------------ layers
+    # ------------------------------------------------------------------ checkpoints
+
+    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
+        """Model, optimizer, loss scale and step in PREFIX.pt (written beside, then renamed:
+        never half a file under the name)."""
+        path = prefix.with_name(prefix.name + ".pt")
+        scratch = path.with_name(path.name + ".tmp")
+        state = {
+            "epochs_done": epochs_done,
+            "step": self.step,
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+        self.torch.save(state, scratch)
+        os.replace(scratch, path)
+        return prefix
+
+    def read_checkpoint(self, prefix: Path, epochs_done: int) -> None:
+        """The model, optimizer and step of PREFIX.pt, checked first: it reads whole, and holds
+        the epochs the state says."""
+        path = prefix.with_name(prefix.name + ".pt")
+        try:
+            state = self.torch.load(path, map_location=self.device, weights_only=True)
+            held = state["epochs_done"]
+        except Exception as error:  # noqa: BLE001 - a damaged file raises many kinds
+            raise UserError(f"{path}: the checkpoint is damaged ({_first_line(error)})") from None
+        if held != epochs_done:
+            raise UserError(
+                f"{prefix.parent.parent / STATE_FILE}: says {epochs_done} epochs were done, "
+                f"but its checkpoint {path} holds {held}: resume refused"
+            )
+        try:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as error:
+            raise UserError(
+                f"{path}: cannot restore the checkpoint ({_first_line(error)})"
+            ) from None
+        self.step = epochs_done * self.steps_per_epoch
+
+    def step_trace(self, log_dir: Path, first: int, last: int):
+        return TorchStepTrace(self.torch, self.device, log_dir, first, last)
+
+    # ------------------------------------------------------------------ the run's facts
+
+    def explain(self, error: BaseException) -> Failure | None:
+        """Bad data the feeder process met, or a peer lost to torch.distributed."""
+        if isinstance(error, FeederError):
+            return Failure("data", str(error))
+        if self.workers > 1 and distributed.peer_lost(error):
+            return Failure("peer_lost", _first_line(error))
+        return None
+
+    def gather_rows(self, row: list[float]) -> list[list[float]]:
+        return distributed.all_gather_rows(self.torch, self.placement, row)
 
     def layers(self) -> dict:
-        import platform
-
         import numpy
-
-        from hpcai500_tf import benchmark_layers
 
         torch = self.torch
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        if self.workers > 1:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            l3 = {
+                "collective_implementation": f"torch.distributed {backend}",
+                "workers": self.workers,
+                "started_by": self.placement.source,
+            }
+        else:
+            l3 = {"collective_implementation": None, "note": "single device: no collectives"}
         return {
             "L1": benchmark_layers.hardware_layer(),
             "L2": benchmark_layers.os_layer(),
-            "L3": {"collective_implementation": None, "note": "single device: no collectives"},
+            "L3": l3,
             "L4": {
                 "cuda_build": torch.version.cuda is not None,
                 "cuda_version": torch.version.cuda,
@@ -321,8 +463,8 @@ class TorchRunner:
             **benchmark_layers.run_layers(
                 self.setup,
                 self.workload,
-                workers=1,
-                replicas=1,
+                workers=self.workers,
+                replicas=self.workers,
                 global_batch=self.global_batch,
                 precision=self.precision,
                 initial_loss_scale=self.initial_loss_scale,
@@ -330,183 +472,53 @@ class TorchRunner:
             ),
         }
 
-
-def train(
-    setup,
-    data_dir,
-    out_dir,
-    power_hz: float = 10.0,
-    meter_log: str | None = None,
-    device: str = "auto",
-):
-    """Train with PyTorch; returns (record, record path)."""
-    init_start = time.time()
-    runner = TorchRunner(setup, data_dir, device)
-    try:
-        return _train(runner, setup, out_dir, power_hz, meter_log, init_start)
-    finally:
-        runner.feeder.close()
+    def close(self) -> None:
+        feeder = getattr(self, "feeder", None)
+        if feeder:
+            feeder.close()
+        distributed.shutdown(self.torch)
 
 
-def _train(runner, setup, out_dir, power_hz, meter_log, init_start):
-    from hpcai500_tf import config
-    from hpcai500_tf import record as record_io
-    from hpcai500_tf.engine import run_record as run
-    from hpcai500_tf.engine.mllog import MLLogger
-    from hpcai500_tf.engine.run_record import Progress, fingerprint
+class TorchStepTrace:
+    """A torch.profiler trace of global train steps `first`..`last` (counted from 1), written
+    under the TensorBoard directory as a Chrome trace (TensorBoard's PyTorch profiler plugin
+    reads it; so does chrome://tracing or Perfetto)."""
 
-    t = setup.training
-    run_dir = record_io.new_run_dir(out_dir, setup.benchmark.name, setup.preset)
-    record_io.write_atomic(run_dir / run.CONFIG_FILE, config.saved_config(setup))
-    mllog = MLLogger(run_dir / run.MLPERF_LOG)
-    mllog.start("init_start", time_ms=init_start * 1000)
-    run.log_setup(mllog, setup, runner.global_batch, runner.workload)
-    progress = Progress(config_fingerprint=fingerprint(setup.config), init_start=init_start)
-    print("counting FLOPs of the train step, warming it up", flush=True)
-    flops = runner.count_flops()
-    runner.warm_up()
-    mllog.end("init_stop")
-    sampler, notes = run.start_power_sampling(power_hz)
-    warnings, status = [], "completed"
-    batches = runner.batches(True, t.seed)
-    start = progress.run_start = time.time()
-    mllog.start("run_start", time_ms=start * 1000)
-    try:
-        for epoch in range(t.epochs):
-            mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
-            mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
-            epoch_start = time.time()
-            for step in range(runner.steps_per_epoch):
-                loss = runner.train_step(*next(batches))
-                if (step + 1) % 10 == 0 or step + 1 == runner.steps_per_epoch:
-                    value = runner.loss_with_decay(loss)
-                    if not math.isfinite(value):
-                        raise run.diverged(value, epoch + 1, step + 1)
-            seconds = time.time() - epoch_start
-            progress.examples += runner.steps_per_epoch * runner.global_batch
-            progress.epochs_done = epoch + 1
-            progress.epochs.append(
-                {
-                    "epoch": epoch + 1,
-                    "elapsed_s": progress.elapsed(open_segment=start),
-                    "examples": progress.examples,
-                    "seconds": seconds,
-                    "loss": value,
-                }
+    profiler = "torch.profiler"
+
+    def __init__(self, torch, device, log_dir: Path, first: int, last: int):
+        if not 1 <= first <= last:
+            raise ValueError(f"profile steps must be 1 <= first <= last, got {first}-{last}")
+        self.torch, self.device = torch, device
+        self.log_dir, self.first, self.last = Path(log_dir), first, last
+        self.profile = None
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            profiler = self.torch.profiler
+            activities = [profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(profiler.ProfilerActivity.CUDA)
+            self.profile = profiler.profile(
+                activities=activities,
+                on_trace_ready=profiler.tensorboard_trace_handler(str(self.log_dir)),
             )
-            mllog.end("block_stop", metadata={"first_epoch_num": epoch + 1})
-            mllog.end("epoch_stop", metadata={"epoch_num": epoch + 1})
-            rate = runner.steps_per_epoch * runner.global_batch / seconds
-            print(f"epoch {epoch + 1:3d}  loss {value:.4f}  {rate:,.1f} examples/s", flush=True)
-            if runner.workload.measures_quality and (
-                (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs
-            ):
-                mllog.start("eval_start", metadata={"epoch_num": epoch + 1})
-                quality = runner.evaluate()
-                progress.curve.append(
-                    {
-                        "epoch": epoch + 1,
-                        "elapsed_s": progress.elapsed(open_segment=start),
-                        "examples": progress.examples,
-                        "value": quality,
-                    }
-                )
-                mllog.event("eval_accuracy", quality, metadata={"epoch_num": epoch + 1})
-                mllog.end("eval_stop", metadata={"epoch_num": epoch + 1})
-                print(f"          eval after epoch {epoch + 1}: quality {quality:.4f}", flush=True)
-    except run.Diverged as error:
-        status = "diverged"
-        warnings.append(str(error))
-    except KeyboardInterrupt:
-        status = "stopped"
-        warnings.append("interrupted by the user (the PyTorch runner cannot resume)")
-    except FeederError as error:
-        status, warning = run.data_failed(error)
-        warnings.append(warning)
-    finally:
-        progress.segments.append({"start": start, "stop": time.time()})
-        if sampler:
-            sampler.stop()
-            progress.energy.append(sampler.measure([(start, progress.segments[-1]["stop"])]))
-            if sampler.sources:
-                try:
-                    sampler.write_samples(run_dir / run.POWER_SAMPLES)
-                except (OSError, UserError) as error:  # post-processing: never lose the run
-                    warnings.append(f"power samples not written: {error}")
-    energy, energy_warnings = run.energy_result(progress, notes, power_hz, meter_log)
-    mllog.end("run_stop", metadata={"status": "success" if status == "completed" else "aborted"})
-    mllog.close()
-    artifacts = {
-        "run_dir": str(run_dir),
-        "mlperf_log": str(run_dir / run.MLPERF_LOG),
-        "checkpoints": None,
-        "power_samples": str(run_dir / run.POWER_SAMPLES) if sampler and sampler.sources else None,
-    }
-    record = run.make_record(
-        setup,
-        runner.layers(),
-        runner.workload,
-        progress,
-        flops,
-        status,
-        warnings + energy_warnings,
-        artifacts,
-        energy,
-        framework="pytorch",
-    )
-    path = run_dir / run.RECORD_FILE
-    record_io.save(path, record)
-    return record, path
+            self.profile.start()
+
+    def after(self, step: int, loss) -> None:
+        if self.profile is not None and step == self.last:
+            float(loss.detach())  # the traced steps have run to their end
+            self.stop()
+
+    def stop(self) -> None:
+        if self.profile is not None:
+            profile, self.profile = self.profile, None
+            profile.stop()  # writes the trace (on_trace_ready)
+
+    def files(self) -> list[Path]:
+        return sorted(self.log_dir.glob("*.pt.trace.json"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(
-        prog="hpcai500-tf train --framework pytorch", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("benchmark")
-    parser.add_argument("--preset", default="smoke")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--data")
-    parser.add_argument("--out", default="runs")
-    parser.add_argument("--power-hz", type=float, default=10.0)
-    parser.add_argument("--meter-log")
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto: the GPU where PyTorch sees one, else the CPU (refused on a machine whose "
-        "NVIDIA GPUs this torch cannot use)",
-    )
-    args = parser.parse_args(argv)
-    # This process must never load TensorFlow (pytorch/feeder.py says why): make an import of
-    # it fail here, loudly, rather than crash later inside triton.
-    sys.modules["tensorflow"] = None
-    keep_tensorflow_quiet()  # inherited by the feeder process, which runs TensorFlow
-    from hpcai500_tf import config
-    from hpcai500_tf.energy.sampler import check_rate
-
-    try:
-        setup = config.prepare(args.benchmark, args.preset, args.set)
-        check_rate("--power-hz", args.power_hz, may_be_off=True)
-        record, path = train(setup, args.data, args.out, args.power_hz, args.meter_log, args.device)
-    except UserError as error:
-        print(f"hpcai500-tf: error: {error}", file=sys.stderr)
-        return 2
-    except FeederError as error:
-        print(f"hpcai500-tf: the TensorFlow data process failed: {error}", file=sys.stderr)
-        return 1
-    print(f"record: {path}")
-    if record["status"] != "completed":
-        print(f"run {record['status']}: " + "; ".join(record["warnings"]), file=sys.stderr)
-        return 1
-    if record["quality"]["measured"]:
-        from hpcai500_tf import scoring
-        from hpcai500_tf.report.console import console, score_table
-
-        benchmark = config.load_benchmark(record["benchmark"])
-        console.print(score_table(str(path), record, scoring.score(record, benchmark)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{error.__class__.__name__}: {lines[0][:200] if lines else ''}"

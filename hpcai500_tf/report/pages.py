@@ -17,11 +17,13 @@ from pathlib import Path
 
 from hpcai500_tf import __version__, config, scoring
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import check_output_directory
 from hpcai500_tf.record import FLOP_BASES, training_throughput
 from hpcai500_tf.report import charts
 from hpcai500_tf.report.console import LAYER_NAMES, duration, si
 from hpcai500_tf.report.run_files import RunFiles, load_run
 from hpcai500_tf.report.text import printable
+from hpcai500_tf.run_directory import POWER_SAMPLES
 
 INDEX = "index.html"
 LEVEL = "free"
@@ -95,11 +97,11 @@ def write_report(arguments: list[str], out: str | Path) -> list[Path]:
 
 
 def _check_out(out: Path) -> None:
-    """Refuse an output path that is a file, or a directory with anything in it."""
-    if not (out.exists() or out.is_symlink()):
+    """The one output-directory check (a file, a file above, a dangling link, a name too
+    long: see files.check_output_directory), and the report's own rule: new or empty."""
+    check_output_directory("--out", out)
+    if not out.exists():
         return
-    if not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory")
     try:
         if any(out.iterdir()):
             raise UserError(f"--out {out}: not empty; give a new or empty directory")
@@ -440,7 +442,7 @@ def _power_figure(run: RunFiles) -> str:
     else:
         start, spans, xlabel = first, [], "seconds since the first reading"
     series = [(s.label, [(t - start, watts) for t, watts in s.points]) for s in run.power]
-    caption = f"{len(series)} source(s), from power-samples.csv (counters as energy / time)."
+    caption = f"{len(series)} source(s), from {POWER_SAMPLES} (counters as energy / time)."
     return _figure(charts.power_chart(series, spans, xlabel), caption)
 
 

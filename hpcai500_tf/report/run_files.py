@@ -16,10 +16,8 @@ from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.run_directory import RECORD_FILE, RunDirectory
 
-RECORD_FILE = "record.json"
-POWER_SAMPLES = "power-samples.csv"
-TENSORBOARD_DIRECTORY = "tensorboard"
 POWER_COLUMNS = ["worker", "source", "unix_s", "value", "unit"]
 STEP_THROUGHPUT_TAG = "train/examples_per_second"
 
@@ -56,7 +54,7 @@ def load_run(argument: str) -> RunFiles:
     record.json). Refuses, in one line naming it, an argument that is neither."""
     path = Path(argument)
     if path.is_dir():
-        run = RunFiles(argument, path.resolve().name, path, path / RECORD_FILE)
+        run = RunFiles(argument, path.resolve().name, path, RunDirectory(path).record)
         _read_record_in_directory(run)
     elif path.exists():
         try:
@@ -73,9 +71,10 @@ def load_run(argument: str) -> RunFiles:
         run.missing.append(("power", f"power samples: {alone}"))
         run.missing.append(("throughput", f"per-step throughput (TensorBoard events): {alone}"))
         return run
-    run.power, notes = read_power_samples(run.run_dir / POWER_SAMPLES)
+    directory = RunDirectory(run.run_dir)
+    run.power, notes = read_power_samples(directory.power_samples)
     run.missing += [("power", note) for note in notes]
-    run.step_throughput, notes = read_step_throughput(run.run_dir / TENSORBOARD_DIRECTORY)
+    run.step_throughput, notes = read_step_throughput(directory.tensorboard)
     run.missing += [("throughput", note) for note in notes]
     return run
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 from hpcai500_tf import __version__, benchmark_layers
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import check_output_directory
 from hpcai500_tf.roofline import chart, peaks, timed_ops, workload
 
 RECORD_KIND = "hpcai500-roofline"
@@ -365,7 +366,12 @@ def run_sweep(
     the chart into the empty directory `out`; returns the result and the chart's files."""
     from hpcai500_tf.engine.run import build_engine
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    check_output_directory("--out", out)
+    try:
+        taken = out.exists() and any(out.iterdir())
+    except OSError as error:
+        raise UserError(f"--out {out}: cannot read it ({error.strerror or error})") from None
+    if taken:
         raise UserError(f"{out}: exists and is not an empty directory; refusing to overwrite it")
     engine = build_engine(setup, None)
     conv_shapes = resnet50_conv_shapes(plan) + weather_conv_shapes(plan)

@@ -20,14 +20,24 @@ import stat
 from pathlib import Path
 
 from hpcai500_tf import record as record_io
-from hpcai500_tf.engine.run_record import CONFIG_FILE, MLPERF_LOG, POWER_SAMPLES, RECORD_FILE
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import read_regular_file
+from hpcai500_tf.run_directory import (
+    CHECKPOINTS,  # re-exported
+    CONFIG_FILE,
+    ERROR_LOG,
+    MLPERF_LOG,
+    POWER_SAMPLES,
+    RECORD_FILE,
+    STATE_FILE,  # re-exported
+    TENSORBOARD,
+    WORKERS,
+    RunDirectory,
+)
 from hpcai500_tf.validation import compile_shape, invalid
 
-STATE_FILE = "state.json"
-CHECKPOINTS = "checkpoints"
 MAX_STATE_BYTES = 64 << 20  # a few hundred bytes an epoch: far more than any real run's
+FRAMEWORKS = ("tensorflow", "pytorch")  # whose checkpoint files a state names
 PREFIX = re.compile(r"ckpt(?:-(\d+))?")  # ckpt-N, N epochs; ckpt (before they were numbered)
 
 # What a resume reads, appends to or replaces, and the kind each must be where it exists.
@@ -38,10 +48,10 @@ RUN_FILES = {
     RECORD_FILE: "file",
     MLPERF_LOG: "log",
     POWER_SAMPLES: "log",
-    "error.log": "file",
+    ERROR_LOG: "file",
     CHECKPOINTS: "directory",
-    "tensorboard": "directory",
-    "workers": "directory",
+    TENSORBOARD: "directory",
+    WORKERS: "directory",
 }
 
 _SEGMENT = {"start": "num", "stop": "num"}
@@ -60,6 +70,7 @@ _SHAPE = {
     "energy": [["dict"]],  # per segment, per source: checked where the record is built
     "checkpoints": [_CHECKPOINT],
     "checkpoint": "str",
+    "framework": "str",
 }
 _CHECK_STATE = compile_shape(_SHAPE, closed=True)
 
@@ -98,13 +109,14 @@ def check_run_files(run_dir: Path) -> None:
 
 def read_state(run_dir: Path) -> dict:
     """The resume state in `run_dir`, checked against its schema and against itself."""
-    path = run_dir / STATE_FILE
+    path = RunDirectory(run_dir).state
     if not os.path.lexists(path):
         raise UserError(f"{run_dir}: no {STATE_FILE}: nothing to resume")
     text = read_regular_file(path, "resume state", MAX_STATE_BYTES)
     state = record_io.parse_json(text, path, "resume state")
     if isinstance(state, dict):
         state.setdefault("checkpoints", [])  # a state written before the list was kept
+        state.setdefault("framework", "tensorflow")  # written before PyTorch runs resumed
     try:
         _CHECK_STATE(state, "", path)
         _check_counts(state, path)
@@ -119,6 +131,8 @@ def _reason(error: UserError, path: Path) -> str:
 
 def _check_counts(state: dict, path: Path) -> None:
     """What the shape cannot say: counts that must agree, time that only goes forward."""
+    if state["framework"] not in FRAMEWORKS:
+        raise invalid(path, "framework", " or ".join(FRAMEWORKS), state["framework"])
     done, epochs = state["epochs_done"], state["epochs"]
     if done < 0:
         raise invalid(path, "epochs_done", ">= 0", done)
@@ -187,7 +201,7 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
     """The checkpoint the state names, inside `run_dir` (where the run directory is now: it
     may have been moved), named for the epochs the state has done, whole on disk: its index
     and every data shard regular files."""
-    path = run_dir / STATE_FILE
+    path = RunDirectory(run_dir).state
     name = Path(state["checkpoint"]).name
     match = PREFIX.fullmatch(name)
     if match is None:
@@ -197,7 +211,10 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
             f"{path}: says {state['epochs_done']} epochs were done, but the checkpoint it names "
             f"({name}) holds {int(match.group(1))}: resume refused"
         )
-    prefix = run_dir / CHECKPOINTS / name
+    prefix = RunDirectory(run_dir).checkpoints / name
+    if state["framework"] == "pytorch":  # one file: ckpt-N.pt
+        _regular(prefix.with_name(name + ".pt"), "checkpoint file")
+        return prefix
     index = prefix.with_name(name + ".index")
     _regular(index, "checkpoint index")
     shards = sorted(prefix.parent.glob(f"{name}.data-*-of-*"))
@@ -230,7 +247,7 @@ def _regular(path: Path, what: str) -> None:
 def finished_record(run_dir: Path) -> dict | None:
     """The run's record where it is a valid completed one (nothing is left to resume); None
     where there is none, or it is stopped, failed or damaged (a resume replaces it)."""
-    path = run_dir / RECORD_FILE
+    path = RunDirectory(run_dir).record
     if not path.exists():
         return None
     try:
@@ -244,17 +261,17 @@ def check_resumable(run_dir: Path | str, epochs: int) -> dict:
     """Everything about a run directory that can be checked before TensorFlow loads; returns
     its state. `epochs` is the run's budget (from the config saved in it)."""
     run_dir = Path(run_dir)
+    directory = RunDirectory(run_dir)
     check_run_files(run_dir)
     state = read_state(run_dir)
     if state["epochs_done"] > epochs:
         raise UserError(
-            f"{run_dir / STATE_FILE}: says {state['epochs_done']} epochs were done, more than "
+            f"{directory.state}: says {state['epochs_done']} epochs were done, more than "
             f"the run's {epochs}: resume refused"
         )
     checkpoint_prefix(run_dir, state)
     if state["epochs_done"] == epochs and finished_record(run_dir) is not None:
         raise UserError(
-            f"{run_dir}: the run already finished all its epochs (its record: "
-            f"{run_dir / RECORD_FILE})"
+            f"{run_dir}: the run already finished all its epochs (its record: {directory.record})"
         )
     return state

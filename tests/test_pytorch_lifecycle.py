@@ -1,0 +1,177 @@
+"""The PyTorch side runs the one lifecycle (lifecycle.py): a stopped run resumes from its
+checkpoint to a whole record, a damaged checkpoint or the other framework's resume is one line,
+several workers train one run through torch.distributed (the launcher's and torchrun's), and
+TensorBoard scalars and a torch.profiler trace are written as on the TensorFlow side. Every
+PyTorch run is a process of its own, which never loads TensorFlow."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf import record
+
+from .test_tensorboard import _scalar_tags
+
+TINY = ["--preset", "tiny", "--power-hz", "0", "--set", "training.checkpoint_every=1"]
+
+
+def train(*args: str, probe: str = "", timeout: int = 300) -> subprocess.CompletedProcess:
+    """`hpcai500-tf train --framework pytorch ARGS` in a new process; `probe` runs first (the
+    feeder process is spawned, so the call sits under a main guard)."""
+    script = (
+        "import sys\n"
+        f"{probe}\n"
+        "from hpcai500_tf.cli import main\n"
+        "if __name__ == '__main__':\n"
+        f"    sys.exit(main(['train', *{list(args)!r}]))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout
+    )
+
+
+STOP_BEFORE_EPOCH_3 = (
+    "from hpcai500_tf.report import live\n"
+    "shown = live.LiveView.epoch_start\n"
+    "def epoch_start(self, epoch, epochs, steps):\n"
+    "    if epoch == 3:\n"
+    "        raise KeyboardInterrupt\n"
+    "    shown(self, epoch, epochs, steps)\n"
+    "live.LiveView.epoch_start = epoch_start\n"
+)
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """A tiny PyTorch run of 3 epochs, interrupted as epoch 3 begins (as Ctrl-C would)."""
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("stopped")
+    result = train(
+        "image_classification", "--framework", "pytorch", *TINY, "--out", str(out),
+        "--set", "training.epochs=3", probe=STOP_BEFORE_EPOCH_3,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    (path,) = out.glob("*/record.json")
+    return path.parent
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def test_a_stopped_pytorch_run_resumes_to_a_whole_record(torch_installed, stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    stopped = record.load(run_dir / "record.json")
+    assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
+    assert "the last checkpoint holds 2" in stopped["warnings"][0]
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["framework"] == "pytorch" and state["epochs_done"] == 2
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["ckpt-2.pt"]
+    result = train("--resume", str(run_dir), "--power-hz", "0")  # its framework from its state
+    assert result.returncode == 0, result.stderr[-2000:]
+    done = record.load(run_dir / "record.json")
+    assert done["status"] == "completed" and done["source"]["framework"] == "pytorch"
+    assert [e["epoch"] for e in done["timeline"]["epochs"]] == [1, 2, 3]
+    assert done["timeline"]["epochs"][:2] == stopped["timeline"]["epochs"]
+    segments = done["timeline"]["segments"]
+    assert len(segments) == 2 and segments[1]["start"] >= segments[0]["stop"]
+    assert [c["epoch"] for c in done["artifacts"]["checkpoints_written"]] == [1, 2, 3]
+    # One MLPerf log across both processes: a run_stop for each, epochs 1-3 once each.
+    log = (run_dir / "mlperf.log").read_text()
+    stops = [json.loads(line.split(":::MLLOG", 1)[1]) for line in log.splitlines()]
+    epochs = [e["metadata"]["epoch_num"] for e in stops if e["key"] == "epoch_stop"]
+    assert epochs == [1, 2, 3] and log.count('"key": "run_stop"') == 2
+    # TensorBoard scalars, from both processes, by global step and epoch.
+    tags = _scalar_tags(run_dir / "tensorboard")
+    assert {"train/loss", "eval/quality", "score/valid_flops"} <= set(tags["tensors"])
+    assert tags["tensors"]["eval/quality"] == [1, 2, 3]
+
+
+def test_a_damaged_pytorch_checkpoint_is_one_line_and_the_record_is_kept(
+    torch_installed, stopped_run, tmp_path
+):
+    run_dir = _copy(stopped_run, tmp_path)
+    checkpoint = run_dir / "checkpoints" / "ckpt-2.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    before = (run_dir / "record.json").read_bytes()
+    result = train("--resume", str(run_dir), "--power-hz", "0")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"hpcai500-tf: error: {checkpoint}: the checkpoint is damaged ("), line
+    assert (run_dir / "record.json").read_bytes() == before
+
+
+def test_resuming_with_the_other_framework_is_one_line(torch_installed, stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    result = train("--resume", str(run_dir), "--framework", "tensorflow")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"hpcai500-tf: error: {run_dir}: it was trained with pytorch; resume it with "
+        "--framework pytorch (or --resume alone)"
+    )
+
+
+def _two_worker_record(out: Path) -> dict:
+    (path,) = out.glob("*/record.json")
+    rec = record.load(path)
+    assert rec["status"] == "completed" and rec["source"]["framework"] == "pytorch"
+    assert rec["layers"]["L3"]["collective_implementation"] == "torch.distributed gloo"
+    assert rec["layers"]["L3"]["workers"] == 2
+    # Each worker reads its half of the data: two replicas' batches make a step.
+    batch = rec["config"]["training"]["batch_per_replica"]
+    assert rec["timeline"]["epochs"][0]["examples"] % (2 * batch) == 0
+    return rec
+
+
+def test_two_pytorch_workers_train_one_run_through_the_launcher(torch_installed, tmp_path):
+    out = tmp_path / "runs"
+    result = subprocess.run(
+        ["timeout", "-k", "5", "240", sys.executable, "-m", "hpcai500_tf.cli", "train",
+         "image_classification", "--framework", "pytorch", *TINY, "--out", str(out),
+         "--workers", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rec = _two_worker_record(out)
+    assert rec["layers"]["L3"]["started_by"] == "launcher"
+    assert (Path(rec["artifacts"]["run_dir"]) / "workers" / "worker-1.log").is_file()
+
+
+def test_two_pytorch_workers_train_one_run_under_torchrun(torch_installed, tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    out = tmp_path / "runs"
+    result = subprocess.run(
+        ["timeout", "-k", "5", "240", str(torchrun), "--standalone", "--nproc-per-node", "2",
+         "-m", "hpcai500_tf.cli", "train", "image_classification",
+         "--framework", "pytorch", *TINY, "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _two_worker_record(out)["layers"]["L3"]["started_by"] == "torchrun"
+
+
+def test_profile_steps_write_a_torch_profiler_trace(torch_installed, tmp_path):
+    out = tmp_path / "runs"
+    result = train(
+        "image_classification", "--framework", "pytorch", *TINY, "--out", str(out),
+        "--profile-steps", "2-3", "--no-tensorboard",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (path,) = out.glob("*/record.json")
+    rec = record.load(path)
+    (trace,) = rec["artifacts"]["profile_trace"]
+    assert trace.endswith(".pt.trace.json")
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    assert any("conv" in str(event.get("name", "")).lower() for event in events)
+    assert "train steps 2-3 were traced by torch.profiler, which slows them" in " ".join(
+        rec["warnings"]
+    )
+    assert not list((path.parent / "tensorboard").glob("events.out.tfevents.*"))
