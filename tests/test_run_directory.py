@@ -166,7 +166,6 @@ def spelled_names(path: Path) -> list[tuple[int, str, str]]:
     return [(line, name, literal) for line, _, name, literal in sorted(found)]
 
 
-@pytest.mark.xfail(strict=False, reason="until lifecycle lands")
 def test_no_module_but_run_directory_spells_a_run_file_name():
     """Every module takes the names of a run's files from run_directory: one place to change
     them, and no module writing a file another reads under a different name."""
