@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"hpcai500-tf: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as stop:  # Ctrl-C: 130; SIGTERM (engine.run.Terminated): 143
+    except KeyboardInterrupt as stop:  # Ctrl-C: 130; SIGTERM (lifecycle.Terminated): 143
         print(f"hpcai500-tf: {str(stop) or 'interrupted'}", file=sys.stderr)
         return getattr(stop, "exit_code", 130)
     except BrokenPipeError:  # the reader left (e.g. `| head`): end quietly, as Python's docs say

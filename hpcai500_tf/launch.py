@@ -232,9 +232,15 @@ def launch(
     if "TF_CONFIG" in os.environ:
         raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
     if framework == "pytorch":
+        seen = cluster.visible_gpus()
+        if seen and workers > len(seen):  # each PyTorch worker takes GPU LOCAL_RANK itself
+            raise UserError(
+                f"--workers {workers}: this machine shows {len(seen)} GPU(s) and each PyTorch "
+                f"worker computes on one of its own: start at most {len(seen)}"
+            )
         ports = free_ports(1)
         environments = torch_environments(workers, ports[0], os.environ)
-        gpus = []  # each PyTorch worker takes GPU LOCAL_RANK itself
+        gpus = []
     else:
         # Refused here, before a run directory or a worker exists, when GPUs cannot be split.
         gpus = cluster.visible_gpus()

@@ -328,7 +328,8 @@ class Outcome:
     """How the timed run ended, and what its power sampler saw."""
 
     status: str = "completed"
-    peer_lost: bool = False  # or stopped by SIGTERM on several workers: no collective after
+    peer_lost: bool = False  # or stopped by a signal on several workers: no collective after
+    interrupted: bool = False  # by Ctrl-C
     exit_code: int = 1  # of a worker other than the chief when the run did not complete
     sampler: power.PowerSampler | None = None
     notes: list[str] = field(default_factory=list)
@@ -391,23 +392,27 @@ def prepare(setup: Setup, options: RunOptions, trainer: Trainer, view, init_star
     else:
         mllog.start("init_start", time_ms=init_start * 1000)
         log_setup(mllog, setup, trainer.global_batch, trainer.workload)
+    if options.profile_steps:  # on every worker: none may go on to a collective alone
+        _check_profile_steps(one, *options.profile_steps)
     return one
+
+
+def _check_profile_steps(one: Run, first: int, last: int) -> None:
+    steps = one.trainer.steps_per_epoch
+    done, total = one.progress.epochs_done * steps, one.setup.training.epochs * steps
+    if not done < first <= last <= total:
+        raise UserError(
+            f"--profile-steps {first}-{last}: outside the steps this run trains "
+            f"({done + 1}-{total})"
+        )
 
 
 def watch_in_tensorboard(one: Run, options: RunOptions) -> None:
     """TensorBoard scalars beside the live view, and a profiler trace of the steps asked for
     (inside the timed run, after warm-up: those steps are slower, and the record says so)."""
     log_dir = one.run_dir.tensorboard
-    if options.profile_steps:
-        first, last = options.profile_steps
-        steps = one.trainer.steps_per_epoch
-        done, total = one.progress.epochs_done * steps, one.setup.training.epochs * steps
-        if not done < first <= last <= total:
-            raise UserError(
-                f"--profile-steps {first}-{last}: outside the steps this run trains "
-                f"({done + 1}-{total})"
-            )
-        one.trace = one.trainer.step_trace(log_dir, first, last)
+    if options.profile_steps:  # checked in `prepare`
+        one.trace = one.trainer.step_trace(log_dir, *options.profile_steps)
     if options.tensorboard and importlib.util.find_spec("tensorboard") is None:
         one.warnings.append(
             "TensorBoard scalars not written: the tensorboard package is not installed "
@@ -469,6 +474,8 @@ def timed_run(one: Run, power_hz: float, sigterm: _SigtermStop | None = None) ->
         one.warnings.append(warning)
         if isinstance(error, Terminated):
             outcome.exit_code = Terminated.exit_code
+        elif isinstance(error, KeyboardInterrupt):
+            outcome.interrupted = True
     finally:
         if sigterm:
             sigterm.defer = True  # the record is written whatever comes now
@@ -605,9 +612,11 @@ def classify_failure(error: BaseException, one: Run) -> tuple[str, str, bool]:
                 f"(it continues from epoch {saved + 1})"
             )
         done = one.progress.epochs_done
-        if isinstance(error, Terminated):  # the peers get it too: skip the energy collective
-            return "stopped", f"{SIGTERM_STOPPED} after {done} epoch(s); {resume}", one.workers > 1
-        return "stopped", f"interrupted by the user after {done} epoch(s); {resume}", False
+        # The peers get it too, each at its own point of the loop: no energy collective after.
+        several = one.workers > 1
+        if isinstance(error, Terminated):
+            return "stopped", f"{SIGTERM_STOPPED} after {done} epoch(s); {resume}", several
+        return "stopped", f"interrupted by the user after {done} epoch(s); {resume}", several
     failure = one.trainer.explain(error)
     if failure and failure.kind == "data":
         return (*data_failed(failure.detail), False)
@@ -650,6 +659,8 @@ def gather_energy(one: Run, outcome: Outcome) -> tuple[list[dict], list[str]]:
     if outcome.peer_lost or outcome.status == "failed":
         if outcome.exit_code == Terminated.exit_code:
             why = "the run was stopped by SIGTERM: no collective after it"
+        elif outcome.interrupted:
+            why = "the run was interrupted (Ctrl-C): no collective after it"
         elif outcome.peer_lost:
             why = "a peer worker was lost: no collective after it"
         else:

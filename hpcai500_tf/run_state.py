@@ -1,12 +1,13 @@
 """A stopped run's directory, trusted only once checked: what `train --resume` reads.
 
-`check_resumable` runs in pure Python before TensorFlow loads and before any worker starts:
+`check_resumable` runs in pure Python before any framework loads and before any worker starts:
 every file and directory a resume reads or writes must be of its kind (a FIFO, a device or a
 directory where a file belongs is refused, never opened), the resume state (state.json) must
 match its schema, agree with itself (one epoch entry per epoch done, segments forward in time,
 evaluations within the timed run) and with the run's budget, and the checkpoint it names must
-be whole on disk. The engine then checks what only TensorFlow can read: the epoch count the
-checkpoint itself holds, and every tensor's checksum, before any training starts.
+be whole on disk (TensorFlow's index and data files, or PyTorch's ckpt-N.pt). The framework's
+trainer then checks what only it can read, before any training starts: the epoch count the
+checkpoint itself holds, and every tensor (TensorFlow: its checksum; PyTorch: the file loads).
 
 A resume refused here changes nothing in the run directory: its last record stays as it was.
 """

@@ -766,6 +766,10 @@ def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
             "a peer worker was lost: no collective after it",
         ),
         ({"status": "failed"}, "the run failed: a peer may never join a collective"),
+        (
+            {"status": "stopped", "peer_lost": True, "interrupted": True},
+            "the run was interrupted (Ctrl-C): no collective after it",
+        ),
     ],
 )
 def test_a_run_that_ended_without_gathering_says_whose_energy_is_missing(outcome, why):

@@ -175,3 +175,34 @@ def test_profile_steps_write_a_torch_profiler_trace(torch_installed, tmp_path):
         rec["warnings"]
     )
     assert not list((path.parent / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed, tmp_path):
+    """The warm-up step (before the timed run) is undone whole: weights, optimizer, loss scale
+    and the step the learning-rate schedule reads, which a resume set from its checkpoint."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, sys\n"
+        "from hpcai500_tf import config\n"
+        "from hpcai500_tf.lifecycle import RunOptions\n"
+        "from hpcai500_tf.pytorch.train import TorchTrainer\n"
+        "if __name__ == '__main__':  # the feeder process, spawned, imports this file\n"
+        "    sys.modules['tensorflow'] = None\n"
+        "    setup = config.prepare('image_classification', 'tiny', [])\n"
+        "    trainer = TorchTrainer(setup, RunOptions())\n"
+        "    try:\n"
+        "        trainer.step = 5\n"
+        "        rate = trainer.learning_rate()\n"
+        "        before = [p.detach().clone() for p in trainer.module.parameters()]\n"
+        "        trainer.warm_up(checkpoints=True)\n"
+        "        same = all(bool((a == b.detach()).all())\n"
+        "                   for a, b in zip(before, trainer.module.parameters()))\n"
+        "        print(json.dumps({'step': trainer.step, 'same': same}))\n"
+        "    finally:\n"
+        "        trainer.close()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"step": 5, "same": True}

@@ -416,7 +416,7 @@ def test_the_same_corrupt_shard_mid_run_is_a_failed_run_on_both_frameworks(
         (data / shard.name).write_bytes(shard.read_bytes())
     _corrupt_a_payload(data / "train-00001-of-00002")
     settings = [*IMAGENET_FIXTURE_SETTINGS, "training.batch_per_replica=4"]
-    statuses = {}
+    statuses, warnings = {}, {}
     for framework in ("tensorflow", "pytorch"):
         out = tmp_path / framework
         result = subprocess.run(
@@ -427,8 +427,13 @@ def test_the_same_corrupt_shard_mid_run_is_a_failed_run_on_both_frameworks(
         )  # fmt: skip
         assert result.returncode == 1, result.stderr[-2000:]
         (path,) = out.glob("*/record.json")
-        statuses[framework] = record.load(path)["status"]
+        rec = record.load(path)
+        statuses[framework], warnings[framework] = rec["status"], rec["warnings"][0]
     assert statuses == {"tensorflow": "failed", "pytorch": "failed"}
+    # A shard whose record check fails: TensorFlow's DataLossError, in the same words on both.
+    assert all(
+        w.startswith("the run failed: ") and "DataLossError" in w for w in warnings.values()
+    ), warnings
 
 
 def test_a_nan_loss_is_a_diverged_run_on_both_frameworks(torch_installed, tmp_path):

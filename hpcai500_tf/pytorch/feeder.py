@@ -39,6 +39,11 @@ class FeederError(RuntimeError):
     """The data process failed while reading data (its message names what)."""
 
 
+class FeederDataError(FeederError):
+    """Bad data met mid-run (a corrupt sample): what a UserError raised inside the
+    TensorFlow engine's input pipeline is on that side."""
+
+
 @dataclass(frozen=True)
 class WorkloadFacts:
     """What the runner and the record need of the workload, without TensorFlow."""
@@ -131,6 +136,8 @@ class Feeder:
             if tag not in self._closed:  # a closed stream's last fills are dropped
                 self._pending.setdefault(tag, deque()).append((kind, value))
         kind, value = self._pending[stream].popleft()
+        if kind == "user_error" and stream is not None:
+            raise FeederDataError(value)
         if kind == "user_error":
             raise UserError(value)
         if kind == "error":

@@ -45,9 +45,10 @@ from hpcai500_tf.pytorch.build import (
     check_mixed_precision,
     choose_device,
     import_torch,
+    nvidia_gpus_present,
     torch_build,
 )
-from hpcai500_tf.pytorch.feeder import Feeder, FeederError
+from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
 from hpcai500_tf.run_directory import STATE_FILE
 from hpcai500_tf.run_record import fingerprint
 
@@ -101,8 +102,14 @@ def initialise_logits(torch, fc, initializer: str) -> None:
 
 
 def run(setup: Setup, options: RunOptions, view=None) -> tuple[dict | None, Path | None]:
-    """Run the benchmark on PyTorch (see lifecycle.run)."""
-    return run_lifecycle(setup, options, TorchTrainer, view)
+    """Run the benchmark on PyTorch (see lifecycle.run), in a process that then refuses to
+    load TensorFlow (pytorch/feeder.py says why; the tensorboard package would otherwise use
+    it for its files)."""
+    sys.modules["tensorflow"] = None  # an import of it fails here, loudly
+    try:
+        return run_lifecycle(setup, options, TorchTrainer, view)
+    except FeederError as error:  # before the timed run: mid-run, it is the run's status
+        raise UserError(f"the TensorFlow data process failed: {error}") from None
 
 
 def end_worker(code: int) -> None:
@@ -127,7 +134,15 @@ class TorchTrainer:
         self.setup, self.warnings = setup, []
         self.placement = distributed.workers_from_environment()
         self.workers, self.rank = self.placement.world_size, self.placement.rank
-        device = choose_device(torch, options.device)
+        asked = options.device
+        if options.allow_cpu and asked == "auto" and not torch.cuda.is_available():
+            asked = "cpu"  # on purpose, where this torch cannot use the machine's GPUs
+            if nvidia_gpus_present():
+                self.warnings.append(
+                    "trained on the CPU (--allow-cpu): this machine's NVIDIA GPUs are not "
+                    "usable by this torch"
+                )
+        device = choose_device(torch, asked)
         refuse_other_forms(setup, device.type == "cuda")
         if self.workers == 1 and (
             t.strategy not in ("default", "mirrored")
@@ -151,10 +166,13 @@ class TorchTrainer:
         except BaseException:
             self.close()
             raise
+        for warning in self.warnings if view and self.rank == 0 else ():
+            view.message(warning)
 
     def _build(self, torch, setup: Setup, resnet) -> None:
         t, o = setup.training, setup.optimizer
         self.workload = self.feeder.workload
+        self.warnings += self.workload.data_warnings  # e.g. fewer validation files than workers
         self.steps_per_epoch = self.workload.train_examples // self.global_batch
         if self.steps_per_epoch < 1:
             raise UserError(
@@ -267,13 +285,16 @@ class TorchTrainer:
     def loss_value(self, loss) -> float:
         """The loss as the TensorFlow engine reports it: the mean over every worker's batch,
         with its weight-decay term (the same on every worker, so all of them see a NaN)."""
-        with self.torch.no_grad():
-            l2 = sum(float((p.float() ** 2).sum()) for p in self.decayed) / 2
+        decay = self.setup.optimizer.weight_decay
+        l2 = 0.0
+        if decay:
+            with self.torch.no_grad():  # one device sync, not one per parameter
+                l2 = float(self.torch.stack([(p.float() ** 2).sum() for p in self.decayed]).sum())
         value = float(loss.detach())
         if self.workers > 1:
             rows = distributed.all_gather_rows(self.torch, self.placement, [value])
             value = sum(row[0] for row in rows) / len(rows)
-        return value + self.setup.optimizer.weight_decay * l2
+        return value + decay * l2 / 2
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -305,10 +326,12 @@ class TorchTrainer:
         (a checkpoint is a torch.save: nothing of it to warm up)."""
         model_state = copy.deepcopy(self.module.state_dict())
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        step, scaler_state = self.step, copy.deepcopy(self.scaler.state_dict())
         float(self.train_step(self._zero_batch()).detach())
         self.module.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
-        self.step = 0
+        self.scaler.load_state_dict(scaler_state)
+        self.step = step  # a resumed run's schedule goes on from its checkpoint
 
     def count_flops(self) -> dict:
         from torch.utils.flop_counter import FlopCounterMode
@@ -383,8 +406,15 @@ class TorchTrainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
         }
-        self.torch.save(state, scratch)
-        os.replace(scratch, path)
+        try:
+            with open(scratch, "wb") as handle:
+                self.torch.save(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())  # on disk before state.json names it
+            os.replace(scratch, path)
+        except BaseException:
+            scratch.unlink(missing_ok=True)
+            raise
         return prefix
 
     def read_checkpoint(self, prefix: Path, epochs_done: int) -> None:
@@ -405,11 +435,17 @@ class TorchTrainer:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
+            step = int(state["step"])
         except (KeyError, RuntimeError, ValueError, TypeError) as error:
             raise UserError(
                 f"{path}: cannot restore the checkpoint ({_first_line(error)})"
             ) from None
-        self.step = epochs_done * self.steps_per_epoch
+        if step != epochs_done * self.steps_per_epoch:
+            raise UserError(
+                f"{path}: holds step {step}, not the {epochs_done * self.steps_per_epoch} steps "
+                f"of {epochs_done} epochs at this batch: resume refused"
+            )
+        self.step = step
 
     def step_trace(self, log_dir: Path, first: int, last: int):
         return TorchStepTrace(self.torch, self.device, log_dir, first, last)
@@ -418,8 +454,10 @@ class TorchTrainer:
 
     def explain(self, error: BaseException) -> Failure | None:
         """Bad data the feeder process met, or a peer lost to torch.distributed."""
-        if isinstance(error, FeederError):
+        if isinstance(error, FeederDataError):
             return Failure("data", str(error))
+        if isinstance(error, FeederError):
+            return Failure("failed", str(error))
         if self.workers > 1 and distributed.peer_lost(error):
             return Failure("peer_lost", _first_line(error))
         return None
@@ -442,7 +480,7 @@ class TorchTrainer:
         else:
             l3 = {"collective_implementation": None, "note": "single device: no collectives"}
         return {
-            "L1": benchmark_layers.hardware_layer(),
+            "L1": benchmark_layers.hardware_layer(self.workers),
             "L2": benchmark_layers.os_layer(),
             "L3": l3,
             "L4": {

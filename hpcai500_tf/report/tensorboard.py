@@ -3,8 +3,10 @@ on request, a profiler trace of chosen steps (`tensorboard --logdir runs/`).
 
 `TensorBoardView` takes the live view's calls (`report.live.LiveView`), so the training loop
 knows nothing of it; it writes at most `MAX_WRITES_PER_S` step points a second through the
-tensorboard package's own event writer (pure Python, buffered, flushed at each epoch's end):
-the same files whichever framework trains, and no framework imported. Tags:
+tensorboard package's own event writer (buffered, flushed at each epoch's end): the same files
+whichever framework trains. This module imports no framework; the tensorboard package uses
+TensorFlow's file layer where TensorFlow can be imported, and its own pure-Python one in a
+PyTorch process (which refuses TensorFlow). Tags:
 
     train/loss, train/learning_rate, train/examples_per_second   step: global train step
     eval/quality, eval/target                                     step: epoch
@@ -26,22 +28,24 @@ class TensorBoardView:
     """Writes what the live view shows as TensorBoard scalars (the chief's only)."""
 
     def __init__(self, log_dir: Path):
+        # Imported here, before the timed run: the tensorboard package is optional, and its
+        # first import costs a few tenths of a second.
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+        self._event, self._scalar_pb = Event, scalar_pb
+        scalar_pb("warm_up", 0.0)  # its first call's one-time costs, outside the timed run too
         self.log_dir = Path(log_dir)
         self.writer = EventFileWriter(str(self.log_dir))
         self.epoch, self.steps_per_epoch, self._last_write = 0, 1, 0.0
 
     def _write(self, step: int, summary) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-
-        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+        self.writer.add_event(self._event(wall_time=time.time(), step=step, summary=summary))
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
-        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
-
         for tag, value in values.items():
-            self._write(step, scalar_pb(tag, float(value)))
+            self._write(step, self._scalar_pb(tag, float(value)))
 
     def message(self, text: str) -> None:
         pass
