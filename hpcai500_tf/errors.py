@@ -15,3 +15,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def first_line(error: BaseException) -> str:
+    """An error's name and the first line of its message, at most 200 characters: how a
+    library's error is quoted inside a one-line UserError."""
+    lines = str(error).strip().splitlines()
+    return f"{error.__class__.__name__}: {lines[0][:200] if lines else ''}"

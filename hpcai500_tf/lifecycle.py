@@ -98,7 +98,7 @@ class Trainer(Protocol):
     def learning_rate(self) -> float: ...
     def evaluate(self) -> float: ...  # the workload's quality over the evaluation split
     def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path: ...
-    def read_checkpoint(self, prefix: Path, epochs_done: int) -> None: ...  # checked first
+    def read_checkpoint(self, prefix: Path) -> int | None: ...  # the epochs it holds
     def step_trace(self, log_dir: Path, first: int, last: int) -> StepTrace: ...
     def layers(self) -> dict: ...  # L1-L9 as observed and configured
     def explain(self, error: BaseException) -> Failure | None: ...
@@ -277,7 +277,12 @@ def restore(trainer: Trainer, run_dir: RunDirectory, fingerprint_now: str) -> Pr
             f"--framework {state['framework']} (or --resume alone)"
         )
     prefix = run_state.checkpoint_prefix(run_dir.path, state)
-    trainer.read_checkpoint(prefix, state["epochs_done"])
+    held = trainer.read_checkpoint(prefix)  # None: written before checkpoints held it
+    if held is not None and held != state["epochs_done"]:
+        raise UserError(
+            f"{run_dir.state}: says {state['epochs_done']} epochs were done, but its "
+            f"checkpoint {prefix} holds {held}: resume refused"
+        )
     del state["checkpoint"], state["framework"]
     return Progress(**state)
 

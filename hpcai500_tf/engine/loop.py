@@ -17,10 +17,9 @@ from tensorflow.python.framework import config as tf_config  # disable_op_determ
 
 from hpcai500_tf.config import OptimizerConfig, TrainingConfig, precision_policy_on
 from hpcai500_tf.engine import optimizers
-from hpcai500_tf.errors import UserError
+from hpcai500_tf.errors import UserError, first_line
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
-from hpcai500_tf.run_directory import STATE_FILE
 from hpcai500_tf.workloads.interface import Workload
 
 
@@ -250,15 +249,10 @@ class Engine:
         self.checkpoint_epochs.assign(epochs_done)
         return Path(self._write_checkpoint(str(prefix)).numpy().decode())
 
-    def read_checkpoint(self, prefix: Path, epochs_done: int) -> None:
-        """The model and optimizer of the checkpoint at `prefix`, checked first: its own epoch
-        count against the state's `epochs_done`, and every tensor against its checksum."""
+    def read_checkpoint(self, prefix: Path) -> int | None:
+        """The model and optimizer of the checkpoint at `prefix`, every tensor checked against
+        its checksum first; returns the epochs it holds (None: written before it held them)."""
         held = self._verify_checkpoint(prefix)
-        if held is not None and held != epochs_done:
-            raise UserError(
-                f"{prefix.parent.parent / STATE_FILE}: says {epochs_done} epochs were done, but "
-                f"its checkpoint {prefix} holds {held}: resume refused"
-            )
         checkpoint = self.checkpoint
         if held is None:  # written before checkpoints held their epochs
             checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
@@ -266,8 +260,9 @@ class Engine:
             checkpoint.read(str(prefix)).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, TypeError, IndexError, AssertionError) as error:
             raise UserError(
-                f"{prefix}: cannot restore the checkpoint ({_first_line(error)})"
+                f"{prefix}: cannot restore the checkpoint ({first_line(error)})"
             ) from None
+        return held
 
     @staticmethod
     def _verify_checkpoint(prefix: Path) -> int | None:
@@ -281,14 +276,8 @@ class Engine:
                 reader.get_tensor(name)
             return int(reader.get_tensor(key)) if reader.has_tensor(key) else None
         except (tf.errors.OpError, ValueError, TypeError, IndexError, RuntimeError) as error:
-            raise UserError(f"{prefix}: the checkpoint is damaged ({_first_line(error)})") from None
+            raise UserError(f"{prefix}: the checkpoint is damaged ({first_line(error)})") from None
 
     def learning_rate(self) -> float:
         optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         return float(optimizer.learning_rate)
-
-
-def _first_line(error: BaseException) -> str:
-    """An error's name and the first line of its message, at most 200 characters."""
-    lines = str(error).strip().splitlines()
-    return f"{error.__class__.__name__}: {lines[0][:200] if lines else ''}"

@@ -93,8 +93,8 @@ class TensorFlowTrainer:
     def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
         return self.engine.write_checkpoint(prefix, epochs_done)
 
-    def read_checkpoint(self, prefix: Path, epochs_done: int) -> None:
-        self.engine.read_checkpoint(prefix, epochs_done)
+    def read_checkpoint(self, prefix: Path) -> int | None:
+        return self.engine.read_checkpoint(prefix)
 
     def step_trace(self, log_dir: Path, first: int, last: int):
         return StepTrace(log_dir, first, last)

@@ -146,7 +146,9 @@ class Feeder:
 
     def batches(self, training: bool, seed: int):
         """(images NHWC float32, labels int64, count) views into shared memory, each valid
-        until the next one is asked for; training streams repeat forever, evaluation ends."""
+        until the next one is asked for; training streams repeat forever, evaluation ends.
+        The stream opens now (its dataset built in the data process, its first batches asked
+        for), as a TensorFlow iterator starts when it is made, not at its first batch."""
         stream = self._streams
         self._streams += 1
         memory = shared_memory.SharedMemory(create=True, size=self._slot_bytes * SLOTS)
@@ -155,6 +157,9 @@ class Feeder:
         self._reply(stream)
         for slot in range(SLOTS):  # the child fills every slot ahead of the reader
             self._send("next", stream, slot)
+        return self._read(stream, memory)
+
+    def _read(self, stream: int, memory: shared_memory.SharedMemory):
         in_flight, slot = SLOTS, 0
         try:
             while True:

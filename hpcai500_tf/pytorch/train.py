@@ -37,7 +37,7 @@ from pathlib import Path
 
 from hpcai500_tf import benchmark_layers
 from hpcai500_tf.config import Setup, peak_learning_rate, precision_policy_on
-from hpcai500_tf.errors import UserError
+from hpcai500_tf.errors import UserError, first_line
 from hpcai500_tf.lifecycle import Failure, RunOptions
 from hpcai500_tf.lifecycle import run as run_lifecycle
 from hpcai500_tf.pytorch import distributed
@@ -49,7 +49,6 @@ from hpcai500_tf.pytorch.build import (
     torch_build,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
-from hpcai500_tf.run_directory import STATE_FILE
 from hpcai500_tf.run_record import fingerprint
 
 
@@ -236,8 +235,12 @@ class TorchTrainer:
     # ------------------------------------------------------------------ data
 
     def _batches(self, training: bool, seed: int):
+        """The feeder's stream, opened now, as tensors on the device."""
+        return self._on_device(self.feeder.batches(training, seed))
+
+    def _on_device(self, stream):
         torch = self.torch
-        for images, labels, _ in self.feeder.batches(training, seed):
+        for images, labels, _ in stream:
             # Copied out of the feeder's shared slot, which is refilled after the next request.
             x = torch.from_numpy(images).permute(0, 3, 1, 2)  # NHWC -> NCHW view
             yield (
@@ -417,20 +420,15 @@ class TorchTrainer:
             raise
         return prefix
 
-    def read_checkpoint(self, prefix: Path, epochs_done: int) -> None:
-        """The model, optimizer and step of PREFIX.pt, checked first: it reads whole, and holds
-        the epochs the state says."""
+    def read_checkpoint(self, prefix: Path) -> int:
+        """The model, optimizer, loss scale and step of PREFIX.pt, which must read whole;
+        returns the epochs it holds."""
         path = prefix.with_name(prefix.name + ".pt")
         try:
             state = self.torch.load(path, map_location=self.device, weights_only=True)
-            held = state["epochs_done"]
+            held = int(state["epochs_done"])
         except Exception as error:  # noqa: BLE001 - a damaged file raises many kinds
-            raise UserError(f"{path}: the checkpoint is damaged ({_first_line(error)})") from None
-        if held != epochs_done:
-            raise UserError(
-                f"{prefix.parent.parent / STATE_FILE}: says {epochs_done} epochs were done, "
-                f"but its checkpoint {path} holds {held}: resume refused"
-            )
+            raise UserError(f"{path}: the checkpoint is damaged ({first_line(error)})") from None
         try:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -438,14 +436,15 @@ class TorchTrainer:
             step = int(state["step"])
         except (KeyError, RuntimeError, ValueError, TypeError) as error:
             raise UserError(
-                f"{path}: cannot restore the checkpoint ({_first_line(error)})"
+                f"{path}: cannot restore the checkpoint ({first_line(error)})"
             ) from None
-        if step != epochs_done * self.steps_per_epoch:
+        if step != held * self.steps_per_epoch:
             raise UserError(
-                f"{path}: holds step {step}, not the {epochs_done * self.steps_per_epoch} steps "
-                f"of {epochs_done} epochs at this batch: resume refused"
+                f"{path}: holds step {step}, not the {held * self.steps_per_epoch} steps of "
+                f"{held} epochs at this batch: resume refused"
             )
         self.step = step
+        return held
 
     def step_trace(self, log_dir: Path, first: int, last: int):
         return TorchStepTrace(self.torch, self.device, log_dir, first, last)
@@ -459,7 +458,7 @@ class TorchTrainer:
         if isinstance(error, FeederError):
             return Failure("failed", str(error))
         if self.workers > 1 and distributed.peer_lost(error):
-            return Failure("peer_lost", _first_line(error))
+            return Failure("peer_lost", first_line(error))
         return None
 
     def gather_rows(self, row: list[float]) -> list[list[float]]:
@@ -555,8 +554,3 @@ class TorchStepTrace:
 
     def files(self) -> list[Path]:
         return sorted(self.log_dir.glob("*.pt.trace.json"))
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{error.__class__.__name__}: {lines[0][:200] if lines else ''}"
