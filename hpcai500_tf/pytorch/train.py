@@ -291,8 +291,9 @@ class TorchTrainer:
         decay = self.setup.optimizer.weight_decay
         l2 = 0.0
         if decay:
-            with self.torch.no_grad():  # one device sync, not one per parameter
-                l2 = float(self.torch.stack([(p.float() ** 2).sum() for p in self.decayed]).sum())
+            with self.torch.no_grad():  # one fused norm (clip_grad_norm_'s) and one device sync
+                norms = self.torch._foreach_norm(self.decayed)
+                l2 = float(self.torch.stack(norms).float().pow(2).sum())
         value = float(loss.detach())
         if self.workers > 1:
             rows = distributed.all_gather_rows(self.torch, self.placement, [value])
