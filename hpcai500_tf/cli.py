@@ -206,22 +206,30 @@ def _train(args: argparse.Namespace) -> int:
         return ended.code
     finally:
         view.close()
+    code = 0
     if record is None:
-        return 0  # a worker other than the chief: the chief reports the run
-    console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}", markup=False)
-    if record["status"] != "completed":
+        pass  # a worker other than the chief: the chief reports the run
+    elif record["status"] != "completed":
+        _print_record_line(record, path)
         warnings = escape("; ".join(record["warnings"]))
         console.print(f"[red]run {record['status']}[/red]: {warnings}")
         code = exit_code(record)  # 143 when SIGTERM stopped it
-        if setup.training.strategy == "multi_worker":
-            backend.end_worker(code)  # TensorFlow's shutdown would wait for a peer
-        return code
-    if not record["quality"]["measured"]:
+    elif not record["quality"]["measured"]:
+        _print_record_line(record, path)
         console.print("throughput-only run (random data): quality not measured, no score")
-        return 0
-    benchmark = config.load_benchmark(record["benchmark"])
-    console.print(score_table(str(path), record, scoring.score(record, benchmark)))
-    return 0
+    else:
+        _print_record_line(record, path)
+        benchmark = config.load_benchmark(record["benchmark"])
+        console.print(score_table(str(path), record, scoring.score(record, benchmark)))
+    if setup.training.strategy == "multi_worker":
+        backend.end_worker(code)  # TensorFlow's shutdown waits for a lost peer; see each backend
+    return code
+
+
+def _print_record_line(record: dict, path) -> None:
+    from hpcai500_tf.report.console import console
+
+    console.print(f"record: {path}\nMLPerf log: {record['artifacts']['mlperf_log']}", markup=False)
 
 
 def _scaling(args: argparse.Namespace) -> int:

@@ -106,6 +106,8 @@ def main() -> None:
     result = {"step": step, "lose": lose, "alone": alone}[sys.argv[1]](torch, workers)
     result["tensorflow_loaded"] = "tensorflow" in sys.modules
     print(json.dumps(result), flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # as `train` ends a PyTorch worker (pytorch/train.py end_worker): no teardown
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def run(setup: Setup, options: RunOptions, view=None) -> tuple[dict | None, Path
 
 
 def end_worker(code: int) -> None:
-    """End a worker of a multi-worker run that did not complete, now: TensorFlow's orderly
-    shutdown would wait for a lost peer forever."""
-    cluster.exit_without_shutdown(code)
+    """End a worker of a multi-worker run that did not complete (`code` not 0), now:
+    TensorFlow's orderly shutdown would wait for a lost peer forever. A completed one exits
+    as usual."""
+    if code:
+        cluster.exit_without_shutdown(code)
 
 
 def build_engine(setup: Setup, data_dir: str | None) -> Engine:

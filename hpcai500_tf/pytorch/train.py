@@ -112,8 +112,13 @@ def run(setup: Setup, options: RunOptions, view=None) -> tuple[dict | None, Path
 
 
 def end_worker(code: int) -> None:
-    """Nothing to do: a worker's process group is left when its trainer closes, and `train`
-    then exits with `code`."""
+    """End a worker of a multi-worker run now, with `code`, its output flushed: its process
+    group was left when its trainer closed, and the interpreter's teardown of gloo's threads
+    after that sometimes aborts the process ("terminate called without an active exception",
+    SIGABRT), which would turn a finished run into a failed task."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class TorchTrainer:
