@@ -91,6 +91,13 @@ def test_a_stopped_pytorch_run_resumes_to_a_whole_record(torch_installed, stoppe
     tags = _scalar_tags(run_dir / "tensorboard")
     assert {"train/loss", "eval/quality", "score/valid_flops"} <= set(tags["tensors"])
     assert tags["tensors"]["eval/quality"] == [1, 2, 3]
+    # Its report page, as a TensorFlow run's: the per-step throughput from those scalars.
+    from hpcai500_tf.cli import main
+
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "report")]) == 0
+    (page,) = (tmp_path / "report").glob(f"{run_dir.name}*.html")
+    html = page.read_text()
+    assert "pytorch" in html and "per-step throughput (TensorBoard events)" not in html
 
 
 def test_a_damaged_pytorch_checkpoint_is_one_line_and_the_record_is_kept(
