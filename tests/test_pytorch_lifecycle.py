@@ -213,3 +213,44 @@ def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"step": 5, "same": True}
+
+
+class _Pipe:
+    def __init__(self, *replies):
+        self.replies = list(replies)
+
+    def recv(self):
+        return self.replies.pop(0)
+
+
+def test_bad_data_the_data_process_meets_mid_run_is_the_tensorflow_sides_words():
+    """A sample the workload rejects mid-stream is bad data mid-run ("the input data failed
+    mid-run", as a UserError inside TensorFlow's pipeline is); one at start-up stays a user
+    error; any other read failure is a failed run naming the TensorFlow error."""
+    from collections import deque
+
+    from hpcai500_tf.errors import UserError
+    from hpcai500_tf.lifecycle import Failure
+    from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
+    from hpcai500_tf.pytorch.train import TorchTrainer
+
+    feeder = object.__new__(Feeder)
+    feeder._pending, feeder._closed = {}, set()
+    feeder._pipe = _Pipe((3, "user_error", "x.tfrecord: sample 7: bad"), (None, "user_error", "no"))
+    with pytest.raises(FeederDataError, match="sample 7: bad"):
+        feeder._reply(3)
+    with pytest.raises(UserError, match="no") as start_up:
+        feeder._reply(None)
+    assert not isinstance(start_up.value, FeederError)
+    feeder._pending = {5: deque([("error", "reading data failed: DataLossError: corrupted")])}
+    with pytest.raises(FeederError) as other:
+        feeder._reply(5)
+    trainer = object.__new__(TorchTrainer)
+    trainer.workers = 1
+    assert trainer.explain(FeederDataError("x: sample 7: bad")) == Failure(
+        "data", "x: sample 7: bad"
+    )
+    assert trainer.explain(other.value) == Failure(
+        "failed", "reading data failed: DataLossError: corrupted"
+    )
+    assert trainer.explain(ValueError("a defect")) is None
