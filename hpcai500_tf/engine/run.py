@@ -9,6 +9,7 @@ other TensorFlow op runs, then data and model.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -68,12 +69,16 @@ class TensorFlowTrainer:
         self.workers, self.rank = workers, rank
         self.warnings = warnings
 
+    @functools.cached_property
+    def zero_batch(self):
+        """The zero batch the step is traced, counted and warmed up on (no data is read)."""
+        return self.engine.synthetic_batch()
+
     def count_flops(self) -> dict:
-        self._batch = self.engine.synthetic_batch()
-        return measure_flops(self.engine, self._batch)
+        return measure_flops(self.engine, self.zero_batch)
 
     def warm_up(self, checkpoints: bool) -> None:
-        self.engine.warm_up(self._batch)
+        self.engine.warm_up(self.zero_batch)
         if checkpoints:
             self.engine.warm_up_checkpoints()
 
