@@ -298,15 +298,23 @@ def _import_mlperf_tree(args: argparse.Namespace) -> int:
     for path, warning in done.warnings:
         shown = warning if warning.startswith(str(path)) else f"{path}: {warning}"
         print(f"warning {printable(shown)}")
-    if not done.written:
+    if not done.written and not done.existing:
         raise UserError(
             f"{args.log}: nothing imported: none of its {done.found} result file(s) could be "
             "(each is listed above with the reason)"
         )
-    print(
-        f"imported {len(done.written)} of {done.found} result file(s) into {printable(out)}; "
-        f"{len(done.skipped)} skipped"
-    )
+    shown = printable(out)
+    if done.written:
+        already = f"{len(done.existing)} already imported; " if done.existing else ""
+        print(
+            f"imported {len(done.written)} of {done.found} result file(s) into {shown}; "
+            f"{already}{len(done.skipped)} skipped"
+        )
+    else:  # every result that could be read was imported before: nothing is wrong
+        print(
+            f"nothing new: {len(done.existing)} of {done.found} result file(s) already imported "
+            f"into {shown} (kept, not rewritten); {len(done.skipped)} skipped"
+        )
     return 0
 
 

@@ -18,6 +18,15 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 
 REQUIRED = ("number_of_nodes", "accelerators_per_node", "framework")
+# The counts read, each a whole number in its range (wider than any system MLPerf has listed:
+# its largest had about 1,500 nodes of 8 accelerators).
+COUNTS = {
+    "number_of_nodes": (1, 100_000),
+    "accelerators_per_node": (0, 10_000),
+    "host_processors_per_node": (0, 1_000),
+    "host_processor_core_count": (0, 100_000),
+}
+WHOLE_NUMBER = re.compile(r"[0-9]{1,12}(?:\.0*)?", re.ASCII)  # "8", "8.0"; no sign, exponent
 FRAMEWORKS = {
     "tensorflow": "tensorflow",
     "tf": "tensorflow",
@@ -45,6 +54,8 @@ def read_description(path: Path) -> dict:
     missing = [key for key in REQUIRED if _text(description.get(key)) is None]
     if missing:
         raise UserError(f"{path}: the system description lacks {', '.join(missing)}")
+    for key in COUNTS:
+        _count(description, key, path)  # every count readable, or the description is not
     return description
 
 
@@ -60,15 +71,16 @@ def _text(value) -> str | None:
 
 
 def _count(description: dict, key: str, path: Path) -> int | None:
+    """A count of COUNTS as the description states it ("8", 8, "8.0"), None where empty;
+    UserError for anything else: a sign, an exponent, "inf", a fraction, a count out of its
+    range."""
     text = _text(description.get(key))
     if text is None:
         return None
-    try:
-        count = int(float(text))
-    except ValueError:
-        raise UserError(f"{path}: '{key}' is {text!r}, not a count") from None
-    if count < 0 or count != float(text):
-        raise UserError(f"{path}: '{key}' is {text!r}, not a count")
+    low, high = COUNTS[key]
+    count = int(float(text)) if WHOLE_NUMBER.fullmatch(text) else None
+    if count is None or not low <= count <= high:
+        raise UserError(f"{path}: '{key}' is {text!r:.40}, not a count in {low}..{high}")
     return count
 
 

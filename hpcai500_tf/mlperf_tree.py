@@ -14,12 +14,17 @@ ran: MLPerf's ResNet target for the round and the epochs it trained; L7 is MLPer
 (ResNet-50 v1.5 at 224x224), whose FLOPs per example come from `analytical_flops`.
 
 A result that cannot be read is skipped with the reason and the others are imported; each
-record is validated and written atomically, and a record already in the output directory is
-kept, never overwritten (the result is skipped, saying so).
+record is validated and written atomically, named by a readable slug and a digest of the
+result's identity (`output_name`). A result file is counted once, by its resolved path (a
+system folder linked under a second submitter adds no run). A result whose record is already
+in the output directory (found by its identity, config.mlperf) is not written again; a file of
+that name that is not its record is kept, never overwritten (the result skipped, saying so).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +33,7 @@ from hpcai500_tf import analytical_flops, mlperf_import, mlperf_system
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.mlperf_import import LINE, epoch_of
-from hpcai500_tf.validation import is_finite_number
+from hpcai500_tf.scoring import scaling_factor_problem
 
 RESULTS, SYSTEMS, RESNET, SCALING = "results", "systems", "resnet", "scaling.json"
 ROUND = re.compile(r"training_results_v(\d+\.\d+)")
@@ -36,9 +41,11 @@ ROUND = re.compile(r"training_results_v(\d+\.\d+)")
 # (training_0.7.0 to training_4.0.0/closed_resnet.yaml of mlperf-logging's compliance checker;
 # v0.5 and v0.6 wrote another format, which read_log does not take).
 TARGET = 0.759
-# Lines MLPerf logs once per run (the compliance checker's EXACTLY_ONE keys this reads).
+# Lines MLPerf logs once per run (the compliance checker's EXACTLY_ONE keys this reads); of
+# them, those whose time is what they state (the timed run's bounds).
 ONCE = ("submission_benchmark", "init_stop", "run_start", "run_stop", "global_batch_size",
         "train_samples")  # fmt: skip
+TIMED = ("init_stop", "run_start", "run_stop")
 IMAGENET_TRAIN_EXAMPLES = 1_281_167
 
 
@@ -57,11 +64,12 @@ class ResultFile:
 
 @dataclass
 class TreeImport:
-    """What an import did: each result file written or skipped (with the reason), and the
-    warnings of those written."""
+    """What an import did: each result file written, found already imported (its record) or
+    skipped (with the reason), and the warnings of those written."""
 
     found: int = 0
     written: list[Path] = field(default_factory=list)
+    existing: list[Path] = field(default_factory=list)  # this result's record, already there
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     warnings: list[tuple[Path, str]] = field(default_factory=list)
 
@@ -121,29 +129,66 @@ def find_results(tree: Path) -> list[ResultFile]:
 
 def scaling_factor(folder: Path) -> float | None:
     """The factor of a benchmark folder's scaling.json ({"scaling_factor": X}), None without
-    one; UserError for one that cannot be read."""
+    one; UserError for one that cannot be read or is not in (0, scoring.MAX_SCALING_FACTOR]."""
     path = folder / SCALING
     if not (path.exists() or path.is_symlink()):
         return None
     data = record_io.parse_json(record_io.read_regular_file(path, "scaling file"), path, "file")
     factor = data.get("scaling_factor") if isinstance(data, dict) else None
-    if isinstance(factor, bool) or not is_finite_number(factor) or not factor > 0:
-        raise UserError(f"{path}: 'scaling_factor' must be a positive number, got {factor!r:.40}")
+    problem = scaling_factor_problem(factor)
+    if problem:
+        raise UserError(f"{path}: 'scaling_factor' is not a factor ({problem})")
     return float(factor)
 
 
+def identity_digest(result: ResultFile) -> str:
+    """10 hex digits of sha256 over the result's identity: round, submitter, system,
+    benchmark and result file name."""
+    return hashlib.sha256(json.dumps(identity_of(result)).encode()).hexdigest()[:10]
+
+
 def output_name(result: ResultFile) -> str:
-    """The record's file name: [vROUND--]SUBMITTER--SYSTEM--result_N.json, safe characters."""
+    """The record's file name: [vROUND--]SUBMITTER--SYSTEM--result_N--DIGEST.json, each part
+    in safe characters (at most 60) for reading, the digest of the result's identity for
+    telling apart names that differ only in what the slug drops ('a+b', 'a b')."""
     parts = [f"v{result.round}"] if result.round else []
     parts += [result.submitter, result.system, result.path.stem]
-    safe = [re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip(".-") or "x" for part in parts]
-    return "--".join(safe) + ".json"
+    safe = [re.sub(r"[^A-Za-z0-9._-]+", "-", part)[:60].strip(".-") or "x" for part in parts]
+    return "--".join([*safe, identity_digest(result)]) + ".json"
+
+
+IDENTITY = ("round", "submitter", "system", "benchmark", "result")  # of config.mlperf
+
+
+def identity_of(result: ResultFile) -> tuple:
+    """The result's identity as config.mlperf names it (IDENTITY)."""
+    return (result.round, result.submitter, result.system, result.benchmark, result.path.name)
+
+
+def imported_results(out: Path) -> dict[tuple, Path]:
+    """The records of MLPerf results already in `out`, by identity (whatever their file
+    names: a record named by an earlier version is found too); files that are not such a
+    record are left out."""
+    found: dict[tuple, Path] = {}
+    try:
+        paths = sorted(out.glob("*.json"))
+    except OSError:
+        return found
+    for path in paths:
+        try:
+            data = record_io.parse_json(record_io.read_regular_file(path, "record"), path, "")
+            identity = data["config"]["mlperf"]
+            found.setdefault(tuple(identity.get(key) for key in IDENTITY), path)
+        except (UserError, KeyError, TypeError, AttributeError):
+            continue
+    return found
 
 
 def check_events(events: list[dict], path: Path) -> tuple[list[dict], list[str]]:
-    """The log's events with repeated lines read once (a warning says how many), refusing
-    (UserError) a line MLPerf logs once that comes twice with different content, and lines
-    out of order: the timed run's epochs and evaluations before run_start, or going back."""
+    """The log's events with repeated lines read once, as MLPerf's result_summarizer and
+    compliance checker read them (see `_once_facts`), and lines out of order refused
+    (UserError): the timed run's epochs and evaluations before run_start, or going back.
+    Lines repeated word for word are read once with a warning."""
     unique, seen, repeated = [], set(), []
     for event in events:
         key = (
@@ -160,19 +205,53 @@ def check_events(events: list[dict], path: Path) -> tuple[list[dict], list[str]]
     warnings = []
     if repeated:
         warnings.append(f"{len(repeated)} repeated :::MLLOG line(s) read once (line {repeated[0]})")
-    lines: dict[str, list[int]] = {name: [] for name in ONCE}
-    for event in unique:
-        if event["key"] in lines:
-            lines[event["key"]].append(event[LINE])
-    for name, numbers in lines.items():
-        if len(numbers) > 1:
-            where = ", ".join(map(str, numbers[:5]))
-            raise UserError(
-                f"{path}: {len(numbers)} different '{name}' lines (lines {where}); MLPerf logs "
-                "it once, so which one holds is unclear"
-            )
+    unique, lines = _once_facts(unique, path)
     _check_order(unique, lines, path)
     return unique, warnings
+
+
+def _fact(event: dict) -> tuple:
+    """What a line MLPerf logs once states: its value; for a timing line (TIMED) also its
+    time and its metadata but where in the source it was logged."""
+    value = event.get("value")
+    fact: tuple = (type(value) is bool, value)
+    if event["key"] in TIMED:
+        where = ("file", "lineno")
+        metadata = {k: v for k, v in (event.get("metadata") or {}).items() if k not in where}
+        fact += (event["time_ms"], json.dumps(metadata, sort_keys=True, default=str))
+    return fact
+
+
+def _shown(event: dict) -> str:
+    if event["key"] in TIMED:
+        return f"line {event[LINE]}: time_ms {event['time_ms']!r:.40}"
+    return f"line {event[LINE]}: {event.get('value')!r:.60}"
+
+
+def _once_facts(events: list[dict], path: Path) -> tuple[list[dict], dict[str, list[int]]]:
+    """Each line MLPerf logs once (ONCE) read as one fact: a repetition stating the same (a
+    multi-node log's header, logged by every node's launcher at its own time) is that fact,
+    at its first line's time, as result_summarizer reads the first and the compliance checker
+    only warns; two that state different values are refused (UserError), naming both lines.
+    A timing line's time is its fact: two run_start lines at different times are refused
+    (MLPerf's tools read them unalike: the compliance checker warns, result_summarizer reads
+    the last run_start before the first run_stop; the timed span is not one fact)."""
+    firsts: dict[str, dict] = {}
+    kept = []
+    for event in events:
+        name = event["key"]
+        if name not in ONCE:
+            kept.append(event)
+            continue
+        first = firsts.setdefault(name, event)
+        if first is event:
+            kept.append(event)
+        elif _fact(event) != _fact(first):
+            raise UserError(
+                f"{path}: 2 different '{name}' lines ({_shown(first)}; {_shown(event)}); "
+                "MLPerf logs it once, so which one holds is unclear"
+            )
+    return kept, {name: [firsts[name][LINE]] if name in firsts else [] for name in ONCE}
 
 
 def _check_order(events: list[dict], lines: dict[str, list[int]], path: Path) -> None:
@@ -338,6 +417,19 @@ def _once(cache: dict, key: Path, read):
     return cache[key]
 
 
+def _first_path(result: ResultFile, seen: dict[Path, Path]) -> str | None:
+    """Why a result file is not counted: it is a file already listed under another path (a
+    system folder linked under a second submitter, say), or its path cannot be resolved."""
+    try:
+        resolved = result.path.resolve()
+    except (OSError, RuntimeError) as error:  # RuntimeError: a symlink loop (Python < 3.13)
+        return f"cannot resolve its path ({getattr(error, 'strerror', None) or error})"
+    first = seen.setdefault(resolved, result.path)
+    if first == result.path:
+        return None
+    return f"the same file as {first} (both lead to {resolved}): counted once, under its first path"
+
+
 def import_tree(tree: Path, out: Path, given: dict) -> TreeImport:
     """Import every ResNet result of `tree` into `out` (see the module's doc). UserError only
     where the tree holds no result file at all."""
@@ -350,37 +442,39 @@ def import_tree(tree: Path, out: Path, given: dict) -> TreeImport:
     done = TreeImport(found=len(results))
     descriptions: dict[Path, dict | UserError] = {}
     factors: dict[Path, float | None | UserError] = {}
-    names: set[str] = set()
+    seen: dict[Path, Path] = {}
+    already = imported_results(out)
     for result in results:
-        if result.benchmark != RESNET:
+        why = _first_path(result, seen)
+        if why is None and result.benchmark != RESNET:
             why = f"MLPerf's '{result.benchmark}' (its folder), not ResNet: only ResNet is imported"
+        if why is None and identity_of(result) in already:
+            done.existing.append(already[identity_of(result)])
+            continue
+        target = out / output_name(result)
+        if why is None and (target.exists() or target.is_symlink()):
+            why = f"{target} already exists and is not this result's record: kept, not overwritten"
+        if why is None:
+            why = _import_one(result, target, given, descriptions, factors, done)
+        if why is not None:
             done.skipped.append((result.path, why))
-            continue
-        name = output_name(result)
-        stem, number = name.removesuffix(".json"), 1
-        while name in names:  # two systems whose names differ only in unsafe characters
-            number += 1
-            name = f"{stem}-{number}.json"
-        names.add(name)
-        target = out / name
-        if target.exists() or target.is_symlink():
-            done.skipped.append((result.path, f"{target} already exists: kept, not overwritten"))
-            continue
-        description = _once(descriptions, result.description, mlperf_system.read_description)
-        factor = _once(factors, result.path.parent, scaling_factor)
-        if isinstance(description, UserError) or isinstance(factor, UserError):
-            error = description if isinstance(description, UserError) else factor
-            done.skipped.append((result.path, str(error)))
-            continue
-        try:
-            record, warnings = result_record(result, description, given, factor)
-            record_io.save(target, record)
-        except UserError as error:
-            done.skipped.append((result.path, str(error)))
-            continue
-        except OSError as error:  # the output directory: the next result may fare no better
-            done.skipped.append((result.path, f"cannot write {target} ({error.strerror})"))
-            continue
-        done.written.append(target)
-        done.warnings += [(result.path, warning) for warning in warnings]
     return done
+
+
+def _import_one(result, target, given, descriptions, factors, done: TreeImport) -> str | None:
+    """Write the record of one result file to `target`; why not, where it cannot be."""
+    description = _once(descriptions, result.description, mlperf_system.read_description)
+    factor = _once(factors, result.path.parent, scaling_factor)
+    for error in (description, factor):
+        if isinstance(error, UserError):
+            return str(error)
+    try:
+        record, warnings = result_record(result, description, given, factor)
+        record_io.save(target, record)
+    except UserError as error:
+        return str(error)
+    except OSError as error:  # the output directory: the next result may fare no better
+        return f"cannot write {target} ({error.strerror})"
+    done.written.append(target)
+    done.warnings += [(result.path, warning) for warning in warnings]
+    return None

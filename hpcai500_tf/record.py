@@ -373,9 +373,29 @@ def _umask() -> int:
 
 
 def save(path: Path | str, record: dict, *, overwrite: bool = False) -> Path:
-    """Validate, then write atomically: an invalid record is never written."""
+    """Validate, then write atomically: an invalid record is never written, nor one whose
+    counts no reader takes back."""
     validate(record, path)
+    _check_counts(record, Path(path))
     return write_atomic(path, record, overwrite=overwrite)
+
+
+def _check_counts(data: Any, path: Path) -> None:
+    """Every integer of a record within float range, as `load` reads them (checked_integer):
+    a count of hundreds of digits would be written and then refused by every reader."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{name}.{key}" if name else str(key), v) for key, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{name}[{index}]", v) for index, v in enumerate(value)]
+        elif isinstance(value, int) and abs(value) >= FLOAT_RANGE:
+            digits = math.floor(math.log10(abs(value))) + 1  # str() of it may be refused
+            raise UserError(
+                f"{path}: '{name}' must be an integer within the range of a float, got one of "
+                f"about {digits} digits"
+            )
 
 
 READING = (

@@ -46,6 +46,30 @@ MLPERF_READING = "MLPerf's: run_stop - run_start of the log, scored by its last 
 # converge, which is then the slowest dropped (result_summarizer's max_dropped_scores).
 MLPERF_RUNS = 5
 MLPERF_MAX_NOT_CONVERGED = 1
+# The range of a scaling.json factor (MLPerf's review committee's normalisation of a time):
+# (0, 100] leaves room for any normalisation and keeps every time and score finite.
+MAX_SCALING_FACTOR = 100.0
+
+
+def scaling_factor_problem(factor) -> str | None:
+    """Why `factor` is not a scaling factor (a finite number in (0, MAX_SCALING_FACTOR]), or
+    None where it is one."""
+    if isinstance(factor, bool) or not is_finite_number(factor):
+        return f"not a finite number: {factor!r:.40}"
+    if not 0 < factor <= MAX_SCALING_FACTOR:
+        return f"{factor!r:.40} is not in (0, {MAX_SCALING_FACTOR:g}]"
+    return None
+
+
+def workers_lacking_energy(energy: dict) -> list[str]:
+    """What a measured energy block says it lacks of the other workers of a multi-worker run
+    (energy.sampler.not_gathered's notes, "workers 1-7: energy not gathered (...)", and a
+    worker's boards beyond the slots): the power is then some workers' alone."""
+    return [
+        note
+        for note in energy.get("parts_not_measured") or []
+        if note.startswith("worker") and " not gathered " in note
+    ]
 
 
 @dataclass(frozen=True)
@@ -109,8 +133,9 @@ def score(
         seconds, reading = timeline["run_stop"] - timeline["run_start"], MLPERF_READING
         factor = identity.get("scaling_factor")
         if factor is not None:  # the review committee's normalisation (scaling.json)
-            if isinstance(factor, bool) or not is_finite_number(factor) or not factor > 0:
-                raise UserError(f"config.mlperf.scaling_factor {factor!r:.40} is not a factor")
+            problem = scaling_factor_problem(factor)
+            if problem:
+                raise UserError(f"config.mlperf.scaling_factor is not a factor ({problem})")
             seconds, reading = seconds * factor, f"{reading}, x {factor:g} (MLPerf's scaling)"
     if rule.flops_per_example is None:
         total, basis = record["flops"]["total"], record["flops"]["basis"]
@@ -123,7 +148,7 @@ def score(
         total = rule.flops_per_example * benchmark.epochs * _examples_per_epoch(quality)
         basis = rule.flop_basis
     energy = record["energy"]
-    watts = energy["average_watts"] if energy["measured"] else None
+    watts, note = scored_power(energy)
     try:
         factor = quality_factor(quality["achieved"], target, rule.penalty_exponent, cap)
         flops = total / seconds
@@ -131,22 +156,12 @@ def score(
         per_watt = None if watts is None else valid / watts
     except (OverflowError, ZeroDivisionError):
         factor = flops = valid = per_watt = math.inf
-    if not all(math.isfinite(x) for x in (factor, flops, valid, per_watt or 0.0)):
+    if not all(math.isfinite(x) for x in (seconds, factor, flops, valid, per_watt or 0.0)):
         raise UserError(
             f"the score is not a finite number (time {seconds:.3g} s, quality {quality['achieved']}"
             f", target {target:.3g}, FLOPs {total:.3g}, watts {watts}): a record that cannot "
             "be scored"
         )
-    if energy["measured"]:
-        rate = energy["sample_hz"]
-        note = (
-            f"measured: {energy['scope']}; readings cover {energy['coverage']:.1%} of the run"
-            + ("" if rate is None else f" at {rate:.3g} samples/s")
-        )
-        if energy["quality_flags"]:
-            note += " (" + "; ".join(energy["quality_flags"]) + ")"
-    else:
-        note = f"not measured: {energy['reason']}"
     return Score(
         quality=quality["achieved"],
         target=target,
@@ -165,6 +180,27 @@ def score(
         reading=reading,
         first_crossing_s=(quality["first_crossing"] or {}).get("elapsed_s"),
     )
+
+
+def scored_power(energy: dict) -> tuple[float | None, str]:
+    """The average power a score divides by, and the energy note beside it: None where energy
+    was not measured, or was measured without some workers of a multi-worker run (their
+    power left out, a per-watt figure would be inflated: `workers_lacking_energy`)."""
+    if not energy["measured"]:
+        return None, f"not measured: {energy['reason']}"
+    lacking = workers_lacking_energy(energy)
+    if lacking:
+        return None, (
+            f"not measured in full: {'; '.join(lacking)}; no Valid FLOPS per watt (the "
+            f"{energy['average_watts']:.4g} W measured, {energy['scope']}, leaves them out)"
+        )
+    rate = energy["sample_hz"]
+    note = f"measured: {energy['scope']}; readings cover {energy['coverage']:.1%} of the run"
+    if rate is not None:
+        note += f" at {rate:.3g} samples/s"
+    if energy["quality_flags"]:
+        note += " (" + "; ".join(energy["quality_flags"]) + ")"
+    return energy["average_watts"], note
 
 
 def reads_at_problem(rule: Convention) -> bool:
@@ -188,6 +224,14 @@ def mlperf_result(record: dict) -> dict | None:
     if isinstance(identity, dict) and isinstance(identity.get("system_folder"), str):
         return identity
     return None
+
+
+def result_file(record: dict) -> str:
+    """Which result file of which system folder (resolved) an MLPerf record was made from."""
+    identity = record["config"]["mlperf"]
+    return json.dumps(
+        [identity["system_folder"], identity.get("benchmark"), identity.get("result")]
+    )
 
 
 def converged(record: dict) -> bool:
@@ -407,10 +451,16 @@ def rank(
     submissions (equal-layer records; the results of an MLPerf system)."""
     groups: dict[str, Submission] = {}
     refused = []
+    files: dict[str, str] = {}  # each MLPerf result file and the first record of it
     for path, record in records:
         mlperf = mlperf_result(record) is not None
         counted = not mlperf or converged(record)  # an MLPerf run that did not is kept apart
         reasons = refusal(record, benchmark, level, convention, result_needed=counted)
+        if mlperf and result_file(record) in files:
+            first = files[result_file(record)]
+            reasons = [f"the same MLPerf result file as {first}: a submission counts it once"]
+        elif mlperf:
+            files[result_file(record)] = path
         if not reasons and counted:
             try:
                 run_score = score(record, benchmark, cap, convention)

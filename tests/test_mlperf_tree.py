@@ -65,19 +65,23 @@ def write_log(
     final: float = 0.7601,
     aborted: bool = False,
     ranks: int = 4,
+    nodes: int = 1,
     org: str = "Alpha",
     optimizer: str = "lars",
     benchmark: str = "resnet",
 ) -> Path:
     """A ResNet run's console output: rank 0's whole MLPerf log, the other ranks' init_start,
-    every rank's step lines between them (not :::MLLOG)."""  # fmt: skip
+    every rank's step lines between them (not :::MLLOG); on several nodes, every node's
+    launcher logs the header (submission_*) at its own time, as multi-node MLPerf logs do."""
     lines: list = []
     loggers = [_logger(lines, rank) for rank in range(ranks)]
     zero, t = loggers[0], start_ms
-    for key, value in (("submission_benchmark", benchmark), ("submission_org", org),
-                       ("submission_division", "closed"), ("submission_status", "onprem"),
-                       ("submission_platform", "2xSynthetic")):  # fmt: skip
-        zero.event(key=key, value=value, time_ms=t)
+    for node in range(nodes):
+        launcher = _logger(lines, node * ranks // nodes)
+        for key, value in (("submission_benchmark", benchmark), ("submission_org", org),
+                           ("submission_division", "closed"), ("submission_status", "onprem"),
+                           ("submission_platform", "2xSynthetic")):  # fmt: skip
+            launcher.event(key=key, value=value, time_ms=t + 997 * node)
     zero.event(key="cache_clear", value=True, time_ms=t + 1)
     for rank, logger in enumerate(loggers):
         logger.start(key="init_start", time_ms=t + 2 + rank)
@@ -196,7 +200,7 @@ def write_system(
             write_log(folder / f"result_{index}.txt", start_ms=start + index * 10_000_000,
                       epochs=epochs, epoch_ms=epoch_ms, batch=batch, seed=index + 1, org=org,
                       aborted=index == aborted, final=0.62 if index == aborted else 0.7601,
-                      optimizer="lars" if "MxNet" in framework else "sgd")
+                      optimizer="lars" if "MxNet" in framework else "sgd", nodes=nodes)
         )  # fmt: skip
     return paths
 
@@ -248,6 +252,13 @@ def _records(out: Path) -> dict[str, dict]:
     return {path.name: record.load(path) for path in sorted(out.glob("*.json"))}
 
 
+def named(out: Path, slug: str) -> Path:
+    """The one record of `out` named SLUG--DIGEST.json (10 hex digits of its identity)."""
+    (path,) = [p for p in out.glob(f"{slug}--*.json") if re.fullmatch(r"[0-9a-f]{10}", p.stem[-10:])
+               and p.stem[:-12] == slug]  # fmt: skip
+    return path
+
+
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("hpcai500-tf: error:"), err
@@ -282,17 +293,17 @@ def test_a_tree_gives_a_record_per_result_and_lists_what_it_cannot_read(imported
     out, printed = imported
     records = _records(out)
     assert len(records) == 13  # 5 + 5 + 3; the unreadable file is not among them
-    assert "v4.0--Alpha--alpha_n2--result_0.json" in records
+    assert named(out, "v4.0--Alpha--alpha_n2--result_0").name in records
     assert re.search(r"skipped \S*Beta/results/beta_cpu/resnet/result_3.txt: not UTF-8", printed)
     assert "imported 13 of 14 result file(s)" in printed
-    aborted = records["v4.0--Alpha--alpha_n1--result_3.json"]
+    aborted = records[named(out, "v4.0--Alpha--alpha_n1--result_3").name]
     assert aborted["status"] == "stopped" and "run_stop says 'aborted'" in aborted["warnings"][0]
     assert not list(out.glob(".*.tmp"))  # nothing half-written
 
 
 def test_the_layers_come_from_the_description_and_the_log(imported):
     out, _ = imported
-    rec = record.load(out / "v4.0--Alpha--alpha_n2--result_2.json")
+    rec = record.load(named(out, "v4.0--Alpha--alpha_n2--result_2"))
     layers = rec["layers"]
     assert layers["L1"]["nodes"] == 2 and layers["L1"]["accelerators_per_node"] == 8
     assert layers["L1"]["accelerator_model"] == "NVIDIA H100-SXM5-80GB"
@@ -323,7 +334,7 @@ def test_the_layers_come_from_the_description_and_the_log(imported):
 
 def test_a_cpu_system_and_a_stack_given_as_text(imported):
     out, _ = imported
-    layers = record.load(out / "v4.0--Beta--beta_cpu--result_0.json")["layers"]
+    layers = record.load(named(out, "v4.0--Beta--beta_cpu--result_0"))["layers"]
     assert layers["L1"]["accelerator_model"] is None and layers["L1"]["accelerator_count"] == 0
     assert layers["L1"]["summary"].startswith("32 x Intel(R) Xeon(R) Platinum 8480C (16 nodes")
     assert layers["L3"]["intel_mpi"] == "2021.11" and layers["L4"]["onednn"] == "3.3"
@@ -338,7 +349,7 @@ def test_a_cpu_system_and_a_stack_given_as_text(imported):
 
 def test_flops_per_example_come_from_the_model(imported):
     out, _ = imported
-    flops = record.load(out / "v4.0--Alpha--alpha_n2--result_0.json")["flops"]
+    flops = record.load(named(out, "v4.0--Alpha--alpha_n2--result_0"))["flops"]
     forward = analytical_flops.resnet50_v15_forward_flops()
     assert flops["basis"] == "analytical-resnet50-v1.5"
     assert flops["per_example_training"] == 3 * forward
@@ -362,18 +373,21 @@ def test_flops_per_example_on_the_command_line_override_the_model(tree, tmp_path
                  "3e10", "--framework", "mxnet-custom"])  # fmt: skip
     assert code == 0
     assert "imported 5 of 5" in capsys.readouterr().out
-    rec = record.load(tmp_path / "v4.0--Alpha--alpha_n2--result_0.json")
+    rec = record.load(named(tmp_path, "v4.0--Alpha--alpha_n2--result_0"))
     assert rec["flops"]["per_example_training"] == 3e10 and rec["flops"]["basis"] == "submitter"
     assert rec["layers"]["L5"]["framework"] == rec["source"]["framework"] == "mxnet-custom"
 
 
-def test_a_record_already_there_is_kept(imported, tree, capsys):
+def test_a_record_already_there_is_kept_and_nothing_new_is_no_error(imported, tree, capsys):
     out, _ = imported
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
-    assert main(["import-mlperf", str(tree / "Alpha"), "--out", str(out)]) == 2
+    assert main(["import-mlperf", str(tree / "Alpha"), "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.count("already exists: kept, not overwritten") == 10
-    assert "nothing imported" in captured.err
+    assert captured.out.splitlines() == [
+        f"nothing new: 10 of 10 result file(s) already imported into {out} (kept, not "
+        "rewritten); 0 skipped"
+    ]
+    assert captured.err == ""
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")} == before
 
 
@@ -412,6 +426,10 @@ def _summarizer(tree: Path, tmp_path: Path) -> dict[str, float]:
 
 def test_each_systems_time_is_what_mlperfs_result_summarizer_prints(imported, tree, tmp_path):
     out, _ = imported
+    # alpha_n2's logs are multi-node: each of its 2 nodes logs the header at its own time
+    multi_node = (tree / "Alpha/results/alpha_n2/resnet/result_0.txt").read_text()
+    header = re.findall(r'"time_ms": (\d+), [^\n]*"key": "submission_benchmark"', multi_node)
+    assert len(header) == 2 and len(set(header)) == 2
     minutes = _summarizer(tree, tmp_path)
     assert set(minutes) == {"alpha_n1", "alpha_n2"}
     ranking = _rank(out, "published-2020")
@@ -457,7 +475,7 @@ def test_at_hpc_ai500s_own_problem_each_mlperf_result_says_why_it_is_not_rankabl
     out, _ = imported
     ranking = _rank(out, "stated")
     assert ranking.submissions == [] and len(ranking.refused) == 13
-    reasons = dict(ranking.refused)[str(out / "v4.0--Alpha--alpha_n2--result_0.json")]
+    reasons = dict(ranking.refused)[str(named(out, "v4.0--Alpha--alpha_n2--result_0"))]
     assert reasons == ["L9 problem: target_quality 0.759 is not 0.763",
                        "L9 problem: epochs 37 is not 90"]  # fmt: skip
 
@@ -509,12 +527,13 @@ def test_the_report_ranks_them_beside_the_published_entries(imported, tmp_path):
                       r"<td>(.*?)</td><td>(.*?)</td>", published)  # fmt: skip
     assert len(rows) == 12
     n2 = next(row for row in rows if "Alpha alpha_n2" in row[1])
-    assert 'href="v4.0--Alpha--alpha_n2--result_0.html"' in n2[1]
+    page_name = named(out, "v4.0--Alpha--alpha_n2--result_0").with_suffix(".html").name
+    assert f'href="{page_name}"' in n2[1]
     assert n2[2:] == ("NVIDIA H100-SXM5-80GB", "16", "2", "mxnet 24.04")
     assert any("Fujitsu (published 2020)" in row[1] for row in rows)
     refused = index.split('id="refused"')[1]
     assert refused.count("L9 problem: target_quality 0.759 is not 0.763") == 13
-    page = (pages / "v4.0--Alpha--alpha_n2--result_0.html").read_text()
+    page = (pages / page_name).read_text()
     assert "run_stop - run_start" in page and "NVIDIA H100-SXM5-80GB" in page
 
 
@@ -576,9 +595,10 @@ def test_bad_input_is_listed_per_file_and_the_rest_imported(tmp_path, capsys):
     for name, words in expected.items():
         assert words in skipped[name], (name, skipped[name])
     assert re.search(r"warning \S*result_5.txt: 2 repeated :::MLLOG line\(s\) read once", printed)
-    assert sorted(p.name for p in out.glob("*.json")) == [
-        f"Gamma--good--result_{n}.json" for n in (0, 1, 5)
-    ]
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(
+        named(out, f"Gamma--good--result_{n}").name for n in (0, 1, 5)
+    )
+    assert len(list(out.glob("*.json"))) == 3
 
 
 @pytest.mark.parametrize("kind", ["empty", "no resnet", "unreadable only"])

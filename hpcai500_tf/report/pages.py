@@ -290,7 +290,7 @@ def _score_section(record: dict) -> str:
         f'<span class="headline">{si(score.valid_flops_per_watt, "FLOPS/W")}</span> '
         f"({escape(record['energy']['scope'])})"
         if score.valid_flops_per_watt is not None
-        else f"not measured: {escape(record['energy']['reason'])}"
+        else escape(score.energy_note)
     )
     rows = [
         ("Valid FLOPS", f'<span class="headline">{si(score.valid_flops, "FLOPS")}</span>'),
