@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcai500_tf import tensorflow_import
+from hpcai500_tf import onednn, tensorflow_import
 from hpcai500_tf.config import peak_learning_rate
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models.kernel_choices import BATCH_NORM_KERNELS
@@ -57,6 +57,16 @@ def _processor_blocks(text: str) -> list[dict[str, str]]:
         if "processor" in block:
             blocks.append(block)
     return blocks
+
+
+def cpu_flags(cpuinfo_text: str | None = None) -> set[str]:
+    """The first processor's flags in /proc/cpuinfo (or `cpuinfo_text`); none where absent."""
+    try:
+        text = CPUINFO.read_text() if cpuinfo_text is None else cpuinfo_text
+    except OSError:
+        return set()
+    blocks = _processor_blocks(text)
+    return set(blocks[0].get("flags", "").split()) if blocks else set()
 
 
 def _integer(text: str | None) -> int | None:
@@ -403,14 +413,14 @@ def library_layers() -> tuple[dict, dict]:
     import tensorflow as tf
 
     build = tf.sysconfig.get_build_info()
-    onednn_env = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    on, method = onednn.onednn_state(cpu_flags())
     l4 = {
         "cuda_build": bool(build.get("is_cuda_build")),
         "cuda_version": build.get("cuda_version"),
         "cudnn_version": build.get("cudnn_version"),
         "rocm_build": bool(build.get("is_rocm_build")),
-        # TF enables oneDNN on x86 by default; the variable turns it off with "0".
-        "onednn": onednn_env != "0" and platform.machine() in ("x86_64", "AMD64"),
+        "onednn": on,  # TensorFlow's oneDNN custom operations, as TensorFlow reports them
+        "onednn_method": method,
     }
     l5 = {
         "framework": "tensorflow",

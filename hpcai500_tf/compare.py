@@ -13,7 +13,7 @@ from dataclasses import field as dataclass_field
 
 from hpcai500_tf import config, scoring
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.record import LAYER_KEYS, PLACEMENT_FIELDS, training_throughput
+from hpcai500_tf.record import LAYER_KEYS, METHOD_FIELDS, PLACEMENT_FIELDS, training_throughput
 
 _MISSING = "(absent)"
 
@@ -61,7 +61,7 @@ def layer_differences(a: dict, b: dict) -> tuple[list[FieldDifference], list[Fie
     for layer in LAYER_KEYS:
         fields_a, fields_b = a["layers"][layer], b["layers"][layer]
         for field in list({**fields_a, **fields_b}):
-            if (layer, field) in PLACEMENT_FIELDS:  # where each ran, not what it ran on
+            if (layer, field) in PLACEMENT_FIELDS | METHOD_FIELDS:  # not what each ran on
                 continue
             value_a, value_b = fields_a.get(field, _MISSING), fields_b.get(field, _MISSING)
             if value_a == value_b:

@@ -655,12 +655,13 @@ def _stop_sampling(one: Run, sampler) -> None:
 # ----------------------------------------------------------------------------- the record
 
 
-def gather_energy(one: Run, outcome: Outcome) -> tuple[list[dict], list[str]]:
-    """The other workers' energy over this segment, gathered on all workers (a collective), and
-    notes naming the workers whose energy the record lacks: all of them where the run ended
-    without the collective (a lost peer, SIGTERM, a failure) or the collective failed."""
+def gather_energy(one: Run, outcome: Outcome) -> tuple[list[dict], list[str], int | None]:
+    """The other workers' energy over this segment, gathered on all workers (a collective),
+    notes naming the workers whose energy the record lacks (all of them where the run ended
+    without the collective: a lost peer, SIGTERM, a failure; or the collective failed), and
+    how many hosts the workers ran on (None where nothing was gathered)."""
     if one.workers == 1:
-        return [], []
+        return [], [], 1
     if outcome.peer_lost or outcome.status == "failed":
         if outcome.exit_code == Terminated.exit_code:
             why = "the run was stopped by SIGTERM: no collective after it"
@@ -670,32 +671,38 @@ def gather_energy(one: Run, outcome: Outcome) -> tuple[list[dict], list[str]]:
             why = "a peer worker was lost: no collective after it"
         else:
             why = "the run failed: a peer may never join a collective"
-        return [], [power.not_gathered(one.workers, "energy", why)]
+        return [], [power.not_gathered(one.workers, "energy", why)], None
     own = one.progress.energy[-1] if one.progress.energy else []
     try:
         rows = one.trainer.gather_rows(power.worker_vector(own))
     except Exception as error:  # noqa: BLE001 - a failed collective costs the energy, not the run
         why = f"the collective gathering them failed: {error.__class__.__name__}"
         one.warnings.append(f"the other workers' energy could not be gathered ({why})")
-        return [], [power.not_gathered(one.workers, "energy", why)]
-    others, notes = power.other_workers([list(row) for row in rows])
+        return [], [power.not_gathered(one.workers, "energy", why)], None
+    vectors = [list(row) for row in rows]
+    others, notes = power.other_workers(vectors)
     if len(one.progress.segments) > 1:
         why = "only their last segment's readings are counted"
         notes.append(power.not_gathered(one.workers, "energy before the last resume", why))
-    return others, notes
+    return others, notes, power.node_count(vectors)
 
 
 def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None, Path | None]:
     """Gather every node's energy, close the MLPerf log and write the record (the chief)."""
-    others, others_notes = gather_energy(one, outcome)  # a collective where every peer is there
+    # A collective where every peer is there.
+    others, others_notes, nodes = gather_energy(one, outcome)
     if not one.chief:
         if outcome.status != "completed":
             reason = "; ".join(one.warnings)
             raise WorkerRunEnded(one.rank, outcome.status, reason, outcome.exit_code)
         return None, None
+    layer_values = one.trainer.layers()
+    if nodes is None:  # not gathered: the cluster's hosts where the run's L3 names them
+        nodes = len(layer_values["L3"].get("nodes") or []) or None
     energy, energy_warnings = energy_result(
-        one.progress, outcome.notes + others_notes, options.power_hz, options.meter_log, others
-    )
+        one.progress, outcome.notes + others_notes, options.power_hz, options.meter_log, others,
+        nodes,
+    )  # fmt: skip
     one.warnings += energy_warnings
     run_dir = one.run_dir
     if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
@@ -712,7 +719,6 @@ def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None
         "power_samples": str(run_dir.power_samples) if sampled else None,
     }
     artifacts |= _tensorboard_artifacts(one)
-    layer_values = one.trainer.layers()
     record = make_record(
         one.setup, layer_values, one.trainer.workload, one.progress, one.flops,
         outcome.status, one.warnings, artifacts, energy, framework=one.trainer.framework,

@@ -90,6 +90,9 @@ _SCHEMA: dict[str, Any] = {
 # Where a run ran, not what it ran on: two runs of one system on other nodes of a cluster (or
 # other GPUs of a node) are the same submission, and comparing them changes no layer.
 PLACEMENT_FIELDS = {("L3", "nodes"), ("L3", "gpu_assignment")}
+# How a layer's value was found, not the value: records that found one fact in other ways (or
+# older ones that do not say) describe the same system.
+METHOD_FIELDS = {("L4", "onednn_method")}
 
 FLOAT_RANGE = 2**1024  # the first integer a float cannot hold (float() overflows)
 

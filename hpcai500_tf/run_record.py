@@ -150,15 +150,18 @@ def energy_result(
     hz: float,
     meter_log: str | None,
     other_workers: list[dict] = (),
+    nodes: int | None = 1,
 ) -> tuple[dict, list[str]]:
     """The record's energy block over all timed segments, with a node meter log if given and
-    the other workers' nodes (their current segment) if any. Energy is post-processing: what
-    fails here (or gives no finite number) is a warning and "not measured", never a lost run."""
+    the other workers' nodes (their current segment) if any. `nodes`: how many nodes the
+    workers ran on (None: unknown), for what a meter log on worker 0's node leaves out.
+    Energy is post-processing: what fails here (or gives no finite number) is a warning and
+    "not measured", never a lost run."""
     intervals = [(s["start"], s["stop"]) for s in progress.segments]
     interval_s = sum(stop - start for start, stop in intervals)
     try:
         block, warnings = _energy_block(
-            progress, notes, hz, meter_log, other_workers, intervals, interval_s
+            progress, notes, hz, (meter_log, nodes), other_workers, intervals, interval_s
         )
     except Exception as error:  # noqa: BLE001 - any failure here must not lose the run
         why, warnings = f"energy could not be computed ({error.__class__.__name__}: {error})", []
@@ -183,17 +186,30 @@ def energy_result(
     return block, [*warnings, f"energy not measured: {why}"]
 
 
-def _energy_block(progress, notes, hz, meter_log, other_workers, intervals, interval_s):
+def meter_log_scope(nodes: int | None) -> str:
+    """What a meter log on worker 0's node leaves out of a run on `nodes` nodes (None: the
+    workers' hosts are not known). It starts "worker": a note the meter does not cover."""
+    if nodes is None:
+        return (
+            "workers other than 0: not in the meter log (worker 0's node) where they ran on "
+            "other nodes; their hosts were not gathered"
+        )
+    other = "the other node" if nodes == 2 else f"the other {nodes - 1} nodes"
+    return f"workers on {other}: not in the meter log (worker 0's node)"
+
+
+def _energy_block(progress, notes, hz, meter, other_workers, intervals, interval_s):
+    """`meter`: (the meter log or None, the number of nodes the workers ran on or None)."""
+    (meter_log, nodes), warnings = meter, []
     measurements = power.combine_segments(progress.energy) + list(other_workers)
-    warnings = []
     if meter_log:
         try:
             readings, warnings = read_meter_log(meter_log)
             measurements.append(power.meter_measurement(readings, intervals, meter_log))
         except UserError as error:
             warnings.append(f"meter log not used: {error}")
-    if other_workers and meter_log:
-        notes = [*notes, "the meter log is worker 0's node: the other nodes are not in it"]
+        else:
+            notes = notes if nodes == 1 else [*notes, meter_log_scope(nodes)]
     block, more = power.energy_block(measurements, notes, interval_s, hz or None)
     if meter_log:
         block["meter_log"] = str(meter_log)

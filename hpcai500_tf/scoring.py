@@ -36,7 +36,7 @@ from hpcai500_tf.config import (
     reference_text,
 )
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.record import LAYER_KEYS, PLACEMENT_FIELDS
+from hpcai500_tf.record import LAYER_KEYS, METHOD_FIELDS, PLACEMENT_FIELDS
 from hpcai500_tf.record_builder import not_rankable_reasons
 from hpcai500_tf.validation import is_finite_number
 
@@ -353,7 +353,8 @@ def submission_key(record: dict) -> str:
         return json.dumps(["mlperf", identity["system_folder"], identity.get("benchmark")])
     layers = {name: dict(values) for name, values in record["layers"].items()}
     layers["L8"].pop("seed", None)
-    for layer, name in PLACEMENT_FIELDS:  # the nodes a run was given
+    # Neither the nodes a run was given nor how a fact was found makes another submission.
+    for layer, name in PLACEMENT_FIELDS | METHOD_FIELDS:
         layers[layer].pop(name, None)
     return json.dumps(layers, sort_keys=True)
 

@@ -744,7 +744,8 @@ def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
 
     bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=lifecycle.Terminated())
     assert outcome.status == "stopped" and outcome.peer_lost
-    others, notes = lifecycle.gather_energy(bench, outcome)  # no collective: peers are stopping
+    others, notes, nodes = lifecycle.gather_energy(bench, outcome)  # no collective: stopping
+    assert nodes is None  # not gathered: unknown
     energy, _ = run_record.energy_result(bench.progress, outcome.notes + notes, 20.0, None, others)
     missing = "workers 1-7: energy not gathered (the run was stopped by SIGTERM: no collective"
     assert energy["measured"] and energy["scope"] == "1 CPU package only"
@@ -779,4 +780,56 @@ def test_a_run_that_ended_without_gathering_says_whose_energy_is_missing(outcome
 
     two_workers = SimpleNamespace(workers=2)
     notes = [f"worker 1: energy not gathered ({why})"]
-    assert lifecycle.gather_energy(two_workers, lifecycle.Outcome(**outcome)) == ([], notes)
+    assert lifecycle.gather_energy(two_workers, lifecycle.Outcome(**outcome)) == ([], notes, None)
+
+
+def _meter_run(tmp_path, nodes, others=()):
+    """A 10 s run's energy block measured by a meter log at 300 W (worker 0's node), the run's
+    workers on `nodes` nodes."""
+    from hpcai500_tf.run_record import Progress, energy_result
+
+    progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
+    meter = _log(tmp_path, "".join(f"{995 + t},300\n" for t in range(20)))
+    block, _ = energy_result(progress, [], 10.0, str(meter), list(others), nodes)
+    assert block["measured"] and block["scope"].startswith("whole node")
+    return block
+
+
+def test_a_meter_log_names_the_nodes_it_misses_only_where_the_workers_span_several(
+    tmp_path, monkeypatch
+):
+    """Eight workers on one node: the meter holds them all, their GPUs included; on two nodes
+    it misses the other; with the hosts unknown (nothing gathered) it says so."""
+    same_node = [_worker(monkeypatch, "node0", rank, str(rank)) for rank in range(8)]
+    others, _ = power.other_workers([vector for _, vector in same_node])
+    assert others and power.node_count([vector for _, vector in same_node]) == 1
+    single = _meter_run(tmp_path, 1, others)
+    assert not any("meter log" in part for part in single["parts_not_measured"])
+    assert single["average_watts"] == pytest.approx(300.0)  # the GPUs are inside the meter's
+    two = [_worker(monkeypatch, f"node{r // 4}", r, str(r % 4), gpus=4) for r in range(8)]
+    assert power.node_count([vector for _, vector in two]) == 2
+    others, _ = power.other_workers([vector for _, vector in two])
+    missing = "workers on the other node: not in the meter log (worker 0's node)"
+    assert missing in _meter_run(tmp_path, 2, others)["parts_not_measured"]  # sampled there
+    assert _meter_run(tmp_path, 2)["parts_not_measured"] == [missing]  # nothing sampled there
+    assert _meter_run(tmp_path, 4)["parts_not_measured"] == [
+        "workers on the other 3 nodes: not in the meter log (worker 0's node)"
+    ]
+    (unknown,) = _meter_run(tmp_path, None)["parts_not_measured"]
+    assert unknown.startswith("workers other than 0: not in the meter log")
+    assert unknown.endswith("their hosts were not gathered")
+
+
+def test_a_gathered_run_counts_the_meter_logs_nodes_from_the_workers_hosts(monkeypatch):
+    """gather_energy's node count: the distinct hosts of the gathered vectors."""
+    from types import SimpleNamespace
+
+    from hpcai500_tf import lifecycle, run_record
+
+    for hosts, expected in ((["a", "a"], 1), (["a", "b"], 2)):
+        vectors = [_worker(monkeypatch, host, rank, "0")[1] for rank, host in enumerate(hosts)]
+        trainer = SimpleNamespace(gather_rows=lambda own, rows=vectors: rows)
+        one = SimpleNamespace(workers=2, trainer=trainer, warnings=[],
+                              progress=run_record.Progress("x", energy=[[]]))  # fmt: skip
+        _, _, nodes = lifecycle.gather_energy(one, lifecycle.Outcome())
+        assert nodes == expected

@@ -18,8 +18,8 @@ CORE = [
     "mlperf_system", "mlperf_tree", "record", "record_builder", "run_directory", "scaling",
     "scoring", "slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
     "energy.sources", "lifecycle", "mllog", "run_record", "run_state", "models.kernel_choices",
-    "report.console", "report.live", "report.pages", "report.run_files", "report.tensorboard",
-    "report.text", "workloads.settings",
+    "report.console", "report.event_files", "report.live", "report.pages", "report.run_files",
+    "report.tensorboard", "report.text", "workloads.settings",
 ]  # fmt: skip
 
 

@@ -66,13 +66,15 @@ def test_the_demo_trains_tiny_in_both_frameworks_and_only_the_framework_differs(
     assert torch_record["layers"]["L5"]["framework_build"].startswith("torch ")
     assert (torch_path.parent / "mlperf.log").read_text().count(":::MLLOG") > 20
     comparison = json.loads((out / "comparison.json").read_text())
-    if torch_record["layers"]["L4"]["cuda_build"]:
-        # A CUDA build of torch (PyPI's default) differs from tensorflow-cpu in L4 too, truly:
-        # it ships CUDA libraries. Nothing else may differ.
+    tf_l4, torch_l4 = tf_record["layers"]["L4"], torch_record["layers"]["L4"]
+    # A CUDA build of torch (PyPI's default) differs from tensorflow-cpu in L4 too, truly: it
+    # ships CUDA libraries; and where TensorFlow leaves its oneDNN operations off (AVX2-only
+    # CPUs, e.g. AMD Zen 3) so does `onednn`. Nothing else may differ.
+    l4_fields = {"cuda_build", "cuda_version", "cudnn_version"} if torch_l4["cuda_build"] else set()
+    l4_fields |= {"onednn"} if tf_l4["onednn"] != torch_l4["onednn"] else set()
+    if l4_fields:
         assert comparison["differing_layers"] == ["L4", "L5"], comparison["differences"]
-        assert {d["field"] for d in comparison["differences"] if d["layer"] == "L4"} <= {
-            "cuda_build", "cuda_version", "cudnn_version"
-        }  # fmt: skip
+        assert {d["field"] for d in comparison["differences"] if d["layer"] == "L4"} <= l4_fields
     else:
         assert comparison["valid_single_layer_comparison"], comparison["verdict"]
         assert comparison["differing_layers"] == ["L5"], comparison["differences"]

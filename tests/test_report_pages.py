@@ -242,6 +242,44 @@ def test_tensorboard_steps_are_charted_and_a_cut_off_file_is_noted(tmp_path):
     assert "from TensorBoard (" in text  # the steps before the cut are still shown
 
 
+def _record_offset(data: bytes, index: int) -> int:
+    """Where record `index` (from 0) of an event file starts: each record is its 8-byte
+    length, a 4-byte check, the data and another 4-byte check."""
+    offset = 0
+    for _ in range(index):
+        offset += 16 + int.from_bytes(data[offset : offset + 8], "little")
+    return offset
+
+
+@pytest.mark.parametrize(("part", "at"), [("data", 12), ("length", 0)])
+def test_a_damaged_event_record_keeps_the_steps_before_it(tmp_path, monkeypatch, part, at):
+    """The project's own writer's events, one record damaged (a bit of its data, or its
+    length): its checksum fails, the page shows the steps before it and says where."""
+    pytest.importorskip("tensorboard", reason="the tensorboard package comes with the cpu extra")
+    from hpcai500_tf.report import event_files
+    from hpcai500_tf.report import tensorboard as writer
+
+    monkeypatch.setattr(writer, "MAX_WRITES_PER_S", float("inf"))  # every step written
+    run_dir = make_run(tmp_path, "run-a", full_record())
+    view = writer.TensorBoardView(run_dir / "tensorboard")
+    view.epoch_start(1, 1, 40)
+    for step in range(1, 41):
+        view.step(step, 1.0 / step, 0.1, 100.0 + step)
+    view.close()
+    (event_file,) = (run_dir / "tensorboard").glob("*tfevents*")
+    records, damage = event_files.read_records(event_file)
+    throughput = event_files.scalar_values(records, "train/examples_per_second")
+    assert damage is None and throughput == {step: 100.0 + step for step in range(1, 41)}
+    # Record 0 is the file's version; then loss, learning rate, throughput for each step.
+    data = bytearray(event_file.read_bytes())
+    data[_record_offset(data, 3 * 20) + at] ^= 0x01  # step 20's throughput
+    event_file.write_bytes(bytes(data))
+    records, damage = event_files.read_records(event_file)
+    assert damage == "is damaged (record 61 fails its checksum)", part
+    text = text_of(report(tmp_path, run_dir)["run-a.html"])
+    assert "from TensorBoard (19 values)" in text and "record 61 fails its checksum" in text
+
+
 def _chromium() -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

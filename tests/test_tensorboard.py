@@ -1,5 +1,8 @@
 """A run seen in TensorBoard: its scalars, layers and score, and a profiler trace on request."""
 
+import subprocess
+import sys
+
 import pytest
 
 from hpcai500_tf import record
@@ -37,6 +40,35 @@ def test_a_run_writes_its_scalars_layers_and_score(tf_tiny):
     assert tensors["eval/target"] == tensors["eval/quality"]
     assert tensors["score/valid_flops"] == [epochs]
     assert "_hparams_/session_start_info" in found["plugins"]  # the layers, for the HParams table
+
+
+# `report` in its own process: the page, whether TensorFlow got imported, and the per-step
+# throughput the page read (its caption's count).
+REPORT_SCRIPT = """
+import pathlib, re, sys
+from hpcai500_tf.cli import main
+assert main(["report", sys.argv[1], "--out", sys.argv[2]]) == 0
+pages = " ".join(page.read_text() for page in pathlib.Path(sys.argv[2]).glob("*.html"))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras")))
+print(re.search(r"from TensorBoard [(]([0-9]+) values[)]", pages).group(1))
+"""
+
+
+def test_report_reads_a_runs_step_throughput_without_importing_tensorflow(tf_tiny, tmp_path):
+    """TensorFlow's start-up (seconds, and its C++ notices on stderr on AVX-512 and AMX CPUs)
+    is never paid to read the run's TensorBoard scalars."""
+    path, _ = tf_tiny
+    steps = _scalar_tags(path.parent / "tensorboard")["tensors"]["train/examples_per_second"]
+    result = subprocess.run(
+        [sys.executable, "-c", REPORT_SCRIPT, str(path.parent), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported, count = result.stdout.splitlines()[-2:]
+    assert imported == "[]" and int(count) == len(set(steps)) > 0
+    assert "oneDNN" not in result.stderr and "tensorflow" not in result.stderr.lower()
 
 
 def test_profile_steps_capture_a_trace_of_those_steps(tmp_path):

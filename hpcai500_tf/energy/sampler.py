@@ -425,6 +425,11 @@ def other_workers(vectors: list[list[float]]) -> tuple[list[dict], list[str]]:
     return measurements, notes
 
 
+def node_count(vectors: list[list[float]]) -> int:
+    """How many hosts the workers ran on: the distinct host ids of their gathered vectors."""
+    return len({vector[0] for vector in vectors})
+
+
 def not_gathered(workers: int, what: str, why: str) -> str:
     """A note naming the workers other than 0 (of `workers`) whose `what` the record lacks, and
     why: worker notes start "worker" (a node meter does not cover them)."""

@@ -9,13 +9,14 @@ an argument that is neither a run directory nor a readable record is refused (Us
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.report import event_files
 from hpcai500_tf.run_directory import RECORD_FILE, RunDirectory
 
 POWER_COLUMNS = ["worker", "source", "unix_s", "value", "unit"]
@@ -167,14 +168,13 @@ def counter_watts(points: list[tuple[float, float]]) -> list[tuple[float, float]
 
 def read_step_throughput(directory: Path) -> tuple[list[tuple[int, float]], list[str]]:
     """`train/examples_per_second` by global step from a run's TensorBoard event files, and
-    notes on what is missing (no directory, no tensorboard package, unreadable or cut-off
-    files). A step written twice (a resumed run) keeps its last value."""
+    notes on what is missing (no directory, no tensorboard package, unreadable, damaged or
+    cut-off files). A step written twice (a resumed run) keeps its last value. TensorFlow is
+    never imported (see report.event_files)."""
     what = "per-step throughput (TensorBoard events)"
     if not directory.is_dir():
         return [], [f"{what}: no {directory.name}/ directory in the run directory"]
-    try:
-        from tensorboard.backend.event_processing import event_accumulator
-    except ImportError:
+    if importlib.util.find_spec("tensorboard") is None:
         return [], [f"{what}: the tensorboard package is not installed (pip install tensorboard)"]
     try:
         files = sorted(p for p in directory.rglob("*tfevents*") if p.is_file())
@@ -187,8 +187,8 @@ def read_step_throughput(directory: Path) -> tuple[list[tuple[int, float]], list
     for path in files:
         name = path.relative_to(directory.parent)
         try:
-            damage = _framing_damage(path)
-            by_step.update(_read_tag(event_accumulator, path, STEP_THROUGHPUT_TAG))
+            records, damage = event_files.read_records(path)
+            by_step.update(event_files.scalar_values(records, STEP_THROUGHPUT_TAG))
         except Exception as error:  # noqa: BLE001 - a damaged file is a note, never a lost page
             notes.append(f"{what}: {name} could not be read ({error.__class__.__name__})")
             continue
@@ -197,44 +197,3 @@ def read_step_throughput(directory: Path) -> tuple[list[tuple[int, float]], list
     if not by_step:
         notes.append(f"{what}: no {STEP_THROUGHPUT_TAG} values in {directory.name}/")
     return sorted(by_step.items()), notes
-
-
-def _read_tag(event_accumulator, path: Path, tag: str) -> dict[int, float]:
-    """One tag's values by step from one event file, written either as a plain scalar or as
-    a TensorFlow 2 summary tensor."""
-    from tensorboard.util import tensor_util
-
-    accumulator = event_accumulator.EventAccumulator(
-        str(path),
-        size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0},  # keep all
-    )
-    accumulator.Reload()
-    tags = accumulator.Tags()
-    values = {}
-    if tag in tags.get(event_accumulator.SCALARS, []):
-        values.update((event.step, event.value) for event in accumulator.Scalars(tag))
-    if tag in tags.get(event_accumulator.TENSORS, []):
-        for event in accumulator.Tensors(tag):
-            array = tensor_util.make_ndarray(event.tensor_proto)
-            if array.size == 1:
-                values[event.step] = float(array.reshape(()))
-    return {step: value for step, value in values.items() if math.isfinite(value)}
-
-
-def _framing_damage(path: Path) -> str | None:
-    """Where an event file's record framing (8-byte length, 4-byte check, data, 4-byte check)
-    does not end exactly at the end of the file: a file cut off mid-write, or not an event
-    file at all. Reads only the length headers."""
-    size = path.stat().st_size
-    offset = 0
-    with path.open("rb") as handle:
-        while offset < size:
-            handle.seek(offset)
-            header = handle.read(12)
-            if len(header) < 12:
-                return "is cut off (its last record is incomplete)"
-            (length,) = struct.unpack("<Q", header[:8])
-            offset += 12 + length + 4
-            if offset > size:
-                return "is cut off or damaged (a record runs past the end of the file)"
-    return None
