@@ -239,16 +239,25 @@ GresTypes=gpu
             capture_output=True, text=True, env=self.env, timeout=limit_s + 30,
         )  # fmt: skip
 
-    def sbatch(self, *argv: str, env: dict, wait: bool = True, limit_s: int = 120):
-        """sbatch on node9 (`--wait` unless told) with `env` added to the test's (sbatch's
-        default --export=ALL takes it into the job): (its result, the job id)."""
+    def sbatch(self, *argv: str, env: dict) -> str:
+        """The job sbatch submits on node9, with `env` added to the test's (sbatch's default
+        --export=ALL takes it into the job)."""
         run = subprocess.run(
-            ["timeout", "-k", "10", str(limit_s), *self.enter("node9"), "sbatch", "--parsable",
-             *(["--wait"] if wait else []), f"--chdir={self.root}",
+            [*self.enter("node9"), "sbatch", "--parsable", f"--chdir={self.root}",
              f"--output={self.root}/out/job-%j.out", *argv],
-            capture_output=True, text=True, env=self.env | env, timeout=limit_s + 30,
+            capture_output=True, text=True, env=self.env | env, timeout=60,
         )  # fmt: skip
-        return run, run.stdout.strip().split(";")[0]
+        assert run.returncode == 0, run.stderr + self.logs()
+        return run.stdout.strip().split(";")[0]
+
+    def finished(self, job: str, limit_s: float = 120) -> tuple[str, int]:
+        """(state, exit code) of `job` once it has ended, polled every 0.2 s (sbatch --wait
+        polls at growing intervals, up to 10 s late)."""
+        ended = lambda: not self.on("node9", "squeue", "-h", "-j", job).stdout.strip()  # noqa: E731
+        _wait_for(f"job {job}'s end", ended, limit_s, lambda: self.job_output(job))
+        shown = self.on("node9", "scontrol", "-o", "show", "job", job).stdout
+        fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
+        return fields["JobState"], int(fields["ExitCode"].split(":")[0])
 
     def job_output(self, job: str) -> str:
         path = self.root / "out" / f"job-{job}.out"
@@ -474,11 +483,12 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
     from hpcai500_tf.pytorch.distributed import workers_from_environment
 
     variables, per_node, bound = LAYOUTS[name]
-    run, job = real_slurm.sbatch(
+    job = real_slurm.sbatch(
         *JOB, str(SBATCH), "/data/imagenet", "/shared/runs", "--set", "training.epochs=2",
         env=_probe_env(tmp_path, **variables),
     )  # fmt: skip
-    assert run.returncode == 0, run.stderr + real_slurm.job_output(job) + real_slurm.logs()
+    ended = real_slurm.finished(job)
+    assert ended == ("COMPLETED", 0), f"{ended}{real_slurm.job_output(job)}{real_slurm.logs()}"
     tasks = _probes(tmp_path, job)
     total = 2 * per_node
     assert [int(t["env"]["SLURM_PROCID"]) for t in tasks] == list(range(total))
@@ -535,8 +545,9 @@ def test_a_task_slurm_binds_a_gpu_to_sees_these_variables(real_slurm, tmp_path):
     env = _probe_env(tmp_path, TASK_PER="gpu")
     seen = {}
     for bind in ("slurm", "project"):
-        run, job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env | {"GPU_BIND": bind})
-        assert run.returncode == 0, run.stderr + real_slurm.job_output(job)
+        job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env | {"GPU_BIND": bind})
+        ended = real_slurm.finished(job)
+        assert ended == ("COMPLETED", 0), f"{ended}{real_slurm.job_output(job)}"
         seen[bind] = [{n: t["env"].get(n) for n in GPU_NAMES} for t in _probes(tmp_path, job)]
     (real_slurm.root / "out" / "gpu-task-variables.json").write_text(json.dumps(seen, indent=1))
     for local, task in zip([0, 1, 0, 1], seen["slurm"], strict=True):
@@ -555,11 +566,14 @@ def test_one_task_exiting_2_ends_the_whole_job_at_once(real_slurm, tmp_path):
     """--kill-on-bad-exit=1: task 1 refuses (exit 2), the other three would sleep 120 s."""
     env = _probe_env(tmp_path, TASK_PER="gpu", PROBE_FAIL_TASK="1", PROBE_SLEEP_S="120")
     start = time.monotonic()
-    run, job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env)
+    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env)
+    state, code = real_slurm.finished(job, limit_s=60)
     took = time.monotonic() - start
     output = real_slurm.job_output(job)
     assert took < 30, f"the job took {took:.0f} s{output}"
-    assert run.returncode != 0 and len(_probes(tmp_path, job)) == 4, output
+    assert state == "FAILED" and code != 0, output  # srun's status (2, or 143: SIGTERM's)
+    # task 1 ran (tasks still starting when it failed may never have written their probe)
+    assert "1" in {t["env"]["SLURM_PROCID"] for t in _probes(tmp_path, job)}, output
     assert "task 1: Exited with exit code 2" in output, output
 
 
@@ -581,8 +595,7 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
     )
     (bin_dir / "hpcai500-tf").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
-    run, job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env, wait=False)
-    assert run.returncode == 0, run.stderr
+    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env)
     _wait_for(
         "the end of epoch 1", lambda: "eval after epoch 1" in real_slurm.job_output(job), 180,
         lambda: real_slurm.job_output(job) + real_slurm.logs(),
@@ -598,9 +611,12 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
                 exits[pid] = time.monotonic() - start
         time.sleep(0.05)
     last = max(exits.values(), default=float("inf"))
-    _wait_for("the job's end", lambda: not real_slurm.on("node9", "squeue", "-h").stdout, 60)
+    state, code = real_slurm.finished(job, limit_s=60)
     output = real_slurm.job_output(job)
-    print(f"scancel to the last task's exit: {last:.1f} s (each: {sorted(exits.values())})")
+    # the batch script waited for srun's step and exits with its status (143: SIGTERM's stop)
+    assert (state, code) == ("CANCELLED", 143), f"{state} {code}{output}"
+    exited = {task: round(exits.get(pid, -1), 1) for task, pid in enumerate(pids)}
+    print(f"scancel to the last task's exit: {last:.1f} s (by task: {exited})\n{output[-2500:]}")
     assert len(exits) == 2 and last < 30, f"{exits}{output}"
     (record,) = (json.loads(path.read_text()) for path in out.glob("runs/*/record.json"))
     assert record["status"] == "stopped", output
