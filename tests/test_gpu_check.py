@@ -55,12 +55,15 @@ def test_a_machine_without_gpus_fails_the_check_and_runs_nothing_else(tmp_path):
 
 
 def test_gpus_that_tensorflow_does_not_see_fail_with_the_fix(tmp_path):
+    """Counted among the GPUs this process may use: 2 of the node's 8 here."""
     out = tmp_path / "summary.json"
-    result = _gpu_check(["--out", str(out)], env=_fake_nvidia_smi(tmp_path, 2))
+    env = _fake_nvidia_smi(tmp_path, 8) | {"CUDA_VISIBLE_DEVICES": "0,1"}
+    result = _gpu_check(["--out", str(out)], env=env)
     assert result.returncode == 1
     devices = json.loads(out.read_text())["checks"]["devices"]
-    assert len(devices["nvidia_smi"]) == 2
-    assert "TensorFlow sees 0 of the 2 GPUs" in devices["why"] and ".[cuda]" in devices["why"]
+    assert len(devices["nvidia_smi"]) == 8
+    assert "TensorFlow sees 0 of the 2 GPUs CUDA_VISIBLE_DEVICES=0,1 leaves" in devices["why"]
+    assert ".[cuda]" in devices["why"]
 
 
 def test_an_existing_summary_is_never_overwritten(tmp_path):
@@ -140,6 +143,53 @@ def test_install_without_the_package_index_is_one_line_and_leaves_nothing(tmp_pa
     (line,) = result.stderr.splitlines()
     assert line.startswith("gpu_check.sh: error: could not install the package with its cuda")
     assert not venv.exists() and not (tmp_path / "summary.json").exists()
+
+
+def test_a_python_older_than_3_11_is_one_line_naming_it_and_the_fix(tmp_path):
+    """Ubuntu 22.04's python3 is 3.10: named before any venv is made or pip blamed."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("python3", "python"):
+        (fake / name).write_text("#!/bin/sh\necho 3.10\n")
+        (fake / name).chmod(0o755)
+    venv, out = tmp_path / "venv", tmp_path / "summary.json"
+    for install in (["--install"], []):
+        result = subprocess.run(
+            ["bash", str(SHELL), *install, "--out", str(out)], capture_output=True, text=True,
+            cwd=ROOT, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
+                           "GPU_CHECK_VENV": str(venv)}, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2
+        (line,) = result.stderr.splitlines()
+        python = "python3" if install else "python"
+        assert line.startswith(f"gpu_check.sh: error: {python} is Python 3.10; the package "), line
+        assert "3.11 or newer" in line and "PYTHON=/path/to/python3.11" in line
+        assert not venv.exists() and not out.exists()
+
+
+def test_the_gpus_tensorflow_is_compared_with_are_those_this_process_may_use(gpu_check):
+    assert gpu_check.missing_gpus(2, 8, "0,1") is None  # a subset: all of it seen
+    assert gpu_check.missing_gpus(8, 8, None) is None
+    why = gpu_check.missing_gpus(1, 8, "2,3")
+    assert why.startswith("TensorFlow sees 1 of the 2 GPUs CUDA_VISIBLE_DEVICES=2,3 leaves of ")
+    assert "nvidia-smi's 8: CUDA's libraries did not load" in why
+    assert gpu_check.missing_gpus(0, 8, None).startswith("TensorFlow sees 0 of the 8 GPUs ")
+    assert gpu_check.missing_gpus(0, 2, "-1") == (
+        "CUDA_VISIBLE_DEVICES=-1 leaves none of nvidia-smi's 2 GPUs: unset it"
+    )
+
+
+def test_a_training_check_cut_while_cuda_compiled_says_cold_jit_rerun(gpu_check):
+    before = {"path": "/home/u/.nv/ComputeCache", "max_bytes": 2**32, "bytes": 0}
+    after = before | {"bytes": 300 * 2**20}
+    cut = {"train_fp16": {"status": "failed", "why": "did not finish within 171 s"}}
+    cut["train_bf16"] = {"status": "not run", "why": "the 600 s deadline was reached"}
+    note = gpu_check.cold_jit(cut, before, after)
+    assert note.startswith("cold JIT: rerun: train_fp16 and train_bf16 cut by the deadline")
+    assert "300 MiB more" in note
+    assert gpu_check.cold_jit(cut, before, before) is None  # nothing compiled: not JIT
+    passed = {name: {"status": "passed"} for name in ("train_fp16", "train_bf16")}
+    assert gpu_check.cold_jit(passed, before, after) is None
 
 
 # ------------------------------------------------------------------ the all-reduce check's parts

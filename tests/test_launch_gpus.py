@@ -445,6 +445,7 @@ def _sbatch(tmp_path: Path, **environment: str) -> tuple[subprocess.CompletedPro
     )
     srun.chmod(0o755)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_CPUS_ON_NODE": "64"}
+    env["SLURM_JOB_NUM_NODES"] = "4"
     env |= environment
     result = subprocess.run(
         ["bash", str(SBATCH), "/data/imagenet", "/shared/runs"],
@@ -461,11 +462,20 @@ TRAIN = ["hpcai500-tf", "train", "image_classification", "--preset", "reference"
 TRAIN += ["--data", "/data/imagenet", "--out", "/shared/runs"]
 
 
+def _shape(tasks_per_node: int, cpus: int) -> list[str]:
+    """The whole step's shape srun is given (4 nodes here): --ntasks-per-node alone would be
+    only a maximum under the batch script's SLURM_NTASKS."""
+    return [
+        "--nodes=4", f"--ntasks={4 * tasks_per_node}", f"--ntasks-per-node={tasks_per_node}",
+        f"--cpus-per-task={cpus}", "--distribution=block", "--kill-on-bad-exit=1",
+    ]  # fmt: skip
+
+
 def test_sbatch_syntax():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
     text = SBATCH.read_text()
     assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --ntasks-per-node=1" in text
-    assert "GPUS_PER_NODE=8" in text and "#SBATCH --exclusive" in text
+    assert "#SBATCH --exclusive" in text and "#SBATCH --signal=B:TERM@300" in text
     for setting in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "ulimit -l", "optimizer.name=lars"):
         assert setting in text  # named for a first run on a new cluster
 
@@ -479,7 +489,7 @@ def test_sbatch_gives_the_one_task_per_node_all_its_gpus(tmp_path, granted):
     result, arguments = _sbatch(tmp_path, **granted)
     assert result.returncode == 0, result.stderr
     # the whole node's CPUs for its one task, and NCCL's transports printed on a first run
-    expected = ["--ntasks-per-node=1", "--cpus-per-task=64", "--gpus-per-node=8", *TRAIN]
+    expected = [*_shape(1, 64), "--gpus-per-node=8", *TRAIN]
     assert arguments == expected
     assert (tmp_path / "srun-arguments.nccl_debug").read_text() == "INFO"
 
@@ -487,7 +497,8 @@ def test_sbatch_gives_the_one_task_per_node_all_its_gpus(tmp_path, granted):
 def test_sbatch_runs_one_task_per_gpu_with_its_share_of_the_cpus(tmp_path):
     result, arguments = _sbatch(tmp_path, SLURM_GPUS_ON_NODE="8", TASK_PER="gpu", NCCL_DEBUG="WARN")
     assert result.returncode == 0, result.stderr
-    expected = ["--ntasks-per-node=8", "--cpus-per-task=8", "--gpus-per-task=1", *TRAIN]
+    # every task sees the node's GPUs and takes its own (NVLink P2P between them kept)
+    expected = [*_shape(8, 8), "--gpus-per-node=8", "--gpu-bind=none", *TRAIN]
     assert arguments == expected
     assert (tmp_path / "srun-arguments.nccl_debug").read_text() == "WARN"  # the user's kept
 
@@ -508,14 +519,38 @@ def test_sbatch_refuses_a_job_without_gpus_before_srun(tmp_path):
     assert "HPCAI500_ALLOW_CPU=1" in line
 
 
-def test_sbatch_refuses_fewer_gpus_than_it_was_written_for(tmp_path):
-    result, arguments = _sbatch(tmp_path, SLURM_JOB_GPUS="0,1,2,3")
-    assert result.returncode != 0 and arguments is None
+def test_sbatch_follows_the_gpus_slurm_granted_and_refuses_another_count(tmp_path):
+    result, arguments = _sbatch(tmp_path, SLURM_JOB_GPUS="0,1,2,3", TASK_PER="gpu")
+    assert result.returncode == 0, result.stderr  # sbatch --gpus-per-node=4
+    assert arguments == [*_shape(4, 16), "--gpus-per-node=4", "--gpu-bind=none", *TRAIN]
+    result, arguments = _sbatch(tmp_path, SLURM_JOB_GPUS="0,1,2,3", GPUS_PER_NODE="8")
+    assert result.returncode == 2 and arguments is None
     (line,) = result.stderr.splitlines()
     assert "gave this node 4 GPUs but GPUS_PER_NODE is 8" in line
+
+
+def test_sbatch_keeps_slurms_own_binding_as_an_option(tmp_path):
+    result, arguments = _sbatch(tmp_path, SLURM_GPUS_ON_NODE="8", TASK_PER="gpu", GPU_BIND="slurm")
+    assert result.returncode == 0, result.stderr
+    assert arguments == [*_shape(8, 8), "--gpus-per-task=1", *TRAIN]
+
+
+def test_sbatch_starts_pytorch_one_task_per_gpu(tmp_path):
+    result, arguments = _sbatch(tmp_path, SLURM_GPUS_ON_NODE="8", FRAMEWORK="pytorch")
+    assert result.returncode == 0, result.stderr
+    train = [*TRAIN[:3], "--framework", "pytorch", *TRAIN[3:]]
+    assert arguments == [*_shape(8, 8), "--gpus-per-node=8", "--gpu-bind=none", *train]
+    result, arguments = _sbatch(
+        tmp_path, SLURM_GPUS_ON_NODE="8", FRAMEWORK="pytorch", TASK_PER="node"
+    )
+    assert result.returncode == 2 and arguments is None
+    assert result.stderr.splitlines() == [
+        "slurm_train.sbatch: error: FRAMEWORK=pytorch computes on one GPU per process: use "
+        "TASK_PER=gpu (one task per GPU), not TASK_PER=node"
+    ]
 
 
 def test_sbatch_runs_on_cpus_when_allowed(tmp_path):
     result, arguments = _sbatch(tmp_path, HPCAI500_ALLOW_CPU="1", CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 0, result.stderr
-    assert arguments == ["--ntasks-per-node=1", "--cpus-per-task=64", *TRAIN]
+    assert arguments == [*_shape(1, 64), *TRAIN]

@@ -215,7 +215,7 @@ SelectTypeParameters=CR_CPU
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
-KillWait=5
+KillWait=30
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
@@ -238,6 +238,30 @@ GresTypes=gpu
             ["timeout", "-k", "10", str(limit_s), *self.enter("node9"), "srun", *argv],
             capture_output=True, text=True, env=self.env, timeout=limit_s + 30,
         )  # fmt: skip
+
+    def sbatch(self, *argv: str, env: dict) -> str:
+        """The job sbatch submits on node9, with `env` added to the test's (sbatch's default
+        --export=ALL takes it into the job)."""
+        run = subprocess.run(
+            [*self.enter("node9"), "sbatch", "--parsable", f"--chdir={self.root}",
+             f"--output={self.root}/out/job-%j.out", *argv],
+            capture_output=True, text=True, env=self.env | env, timeout=60,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr + self.logs()
+        return run.stdout.strip().split(";")[0]
+
+    def finished(self, job: str, limit_s: float = 120) -> tuple[str, int]:
+        """(state, exit code) of `job` once it has ended, polled every 0.2 s (sbatch --wait
+        polls at growing intervals, up to 10 s late)."""
+        ended = lambda: not self.on("node9", "squeue", "-h", "-j", job).stdout.strip()  # noqa: E731
+        _wait_for(f"job {job}'s end", ended, limit_s, lambda: self.job_output(job))
+        shown = self.on("node9", "scontrol", "-o", "show", "job", job).stdout
+        fields = dict(field.split("=", 1) for field in shown.split() if "=" in field)
+        return fields["JobState"], int(fields["ExitCode"].split(":")[0])
+
+    def job_output(self, job: str) -> str:
+        path = self.root / "out" / f"job-{job}.out"
+        return path.read_text() if path.exists() else f"(no {path.name})"
 
     def logs(self) -> str:
         text = ""
@@ -402,3 +426,200 @@ def test_real_slurm_gpu_variables_give_each_task_its_gpu(real_slurm, options, la
         assert plan.index == index and plan.addresses == addresses
         assert plan.gpus == (str(plan.local_index),)  # GPU 0 or 1 of its node, never both
         assert plan.gpu_layout == layout.format(local=plan.local_index)
+
+
+# ---------------------------------------------------------------- tools/slurm_train.sbatch
+SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"
+# the job shape every sbatch test asks for: both nodes, with their two fake GPUs each
+JOB = ("--nodes=2", f"--gpus-per-node={FAKE_GPUS}", "--time=10")
+PROBE = f"""\
+#!{sys.executable}
+# stands in for hpcai500-tf: what Slurm gave this task, into PROBE_OUT; task PROBE_FAIL_TASK
+# exits 2 at once (as a one-line refusal does), the others then sleep PROBE_SLEEP_S
+import json, os, socket, sys, time
+env = dict(os.environ)
+name = f"{{env['PROBE_OUT']}}/probe-{{env['SLURM_JOB_ID']}}-{{env['SLURM_PROCID']}}.json"
+with open(name, "w") as out:
+    json.dump({{"argv": sys.argv[1:], "host": socket.gethostname(), "env": env}}, out)
+if env["SLURM_PROCID"] == env.get("PROBE_FAIL_TASK"):
+    sys.exit(2)
+time.sleep(float(env.get("PROBE_SLEEP_S", "0")))
+"""
+
+
+def _probe_env(tmp_path: Path, **settings: str) -> dict:
+    """PATH with the probe named hpcai500-tf first, PROBE_OUT, and `settings`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "hpcai500-tf").write_text(PROBE)
+    (bin_dir / "hpcai500-tf").chmod(0o755)
+    (tmp_path / "probes").mkdir()
+    return {"PATH": f"{bin_dir}:{SEARCH_PATH}", "PROBE_OUT": str(tmp_path / "probes")} | settings
+
+
+def _probes(tmp_path: Path, job: str) -> list[dict]:
+    """What each task of `job` saw, by SLURM_PROCID."""
+    found = [json.loads(p.read_text()) for p in (tmp_path / "probes").glob(f"probe-{job}-*.json")]
+    return sorted(found, key=lambda probe: int(probe["env"]["SLURM_PROCID"]))
+
+
+LAYOUTS = {  # name: (the sbatch's variables, tasks per node, Slurm binds the GPUs)
+    "tensorflow-per-node": ({}, 1, False),
+    "tensorflow-per-gpu": ({"TASK_PER": "gpu"}, FAKE_GPUS, False),
+    "tensorflow-per-gpu-slurm-bound": ({"TASK_PER": "gpu", "GPU_BIND": "slurm"}, FAKE_GPUS, True),
+    "pytorch": ({"FRAMEWORK": "pytorch"}, FAKE_GPUS, False),
+    "pytorch-slurm-bound": ({"FRAMEWORK": "pytorch", "GPU_BIND": "slurm"}, FAKE_GPUS, True),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp_path, name):
+    """The shipped sbatch under the real sbatch, hpcai500-tf replaced by a probe: tasks per
+    node, each task's SLURM_PROCID, node and GPUs, as the project's own code reads them
+    (the node's GPU count given as 2: there is no NVML here)."""
+    from hpcai500_tf import slurm
+    from hpcai500_tf.benchmark_layers import WORKER_GPUS
+    from hpcai500_tf.engine import cluster
+    from hpcai500_tf.pytorch.distributed import workers_from_environment
+
+    variables, per_node, bound = LAYOUTS[name]
+    job = real_slurm.sbatch(
+        *JOB, str(SBATCH), "/data/imagenet", "/shared/runs", "--set", "training.epochs=2",
+        env=_probe_env(tmp_path, **variables),
+    )  # fmt: skip
+    ended = real_slurm.finished(job)
+    assert ended == ("COMPLETED", 0), f"{ended}{real_slurm.job_output(job)}{real_slurm.logs()}"
+    tasks = _probes(tmp_path, job)
+    total = 2 * per_node
+    assert [int(t["env"]["SLURM_PROCID"]) for t in tasks] == list(range(total))
+    assert [t["host"] for t in tasks] == ["node9"] * per_node + ["node10"] * per_node
+    pytorch = variables.get("FRAMEWORK") == "pytorch"
+    for index, task in enumerate(tasks):
+        env, local = task["env"], index % per_node
+        assert env["SLURM_LOCALID"] == str(local) and env["SLURMD_NODENAME"] == task["host"]
+        assert env["SLURM_STEP_NUM_TASKS"] == str(total)
+        assert env["SLURM_STEP_TASKS_PER_NODE"] == f"{per_node}(x2)"
+        framework = ["--framework", "pytorch"] if pytorch else []
+        assert task["argv"] == [
+            "train", "image_classification", *framework, "--preset", "reference",
+            "--data", "/data/imagenet", "--out", "/shared/runs", "--set", "training.epochs=2",
+        ]  # fmt: skip
+        # Slurm's own binding: this task's GPU only; otherwise every GPU of its node
+        # (--gpu-bind=none: Slurm sets no CUDA_VISIBLE_DEVICES, so CUDA sees the node's)
+        assert env.get("CUDA_VISIBLE_DEVICES") == (
+            str(local) if bound else None if per_node > 1 else "0,1"
+        )
+        visible = cluster.visible_gpus(env, FAKE_GPUS)
+        if pytorch:
+            workers = workers_from_environment(env)
+            assert (workers.world_size, workers.rank, workers.local_rank) == (total, index, local)
+            # init_process_group computes on GPU local_rank of several visible, else on the one
+            assert len(visible) == (1 if bound else FAKE_GPUS)
+            continue
+        # each node's 2 CPUs shared by its tasks; 1 per task is refused for a GPU task (the
+        # input pipeline cannot feed it), so the GPUs are checked as with 8 each
+        assert env["SLURM_CPUS_PER_TASK"] == str(2 // per_node)
+        env |= {"SLURM_CPUS_PER_TASK": "8"}
+        plan = slurm.SlurmCluster.from_environment(env, visible, FAKE_GPUS)
+        assert plan.index == index and plan.host == task["host"]
+        if per_node == 1:
+            assert plan.gpus == ("0", "1") and plan.gpu_layout.startswith("the only task")
+        else:
+            assert plan.gpus == (str(local),)
+            share = cluster.slurm_gpu_variables(env, plan, visible)
+            assert share == ({} if bound else {WORKER_GPUS: str(local)})
+
+
+GPU_NAMES = (
+    "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE",
+    "SLURMD_TRES_BIND", "SLURM_TRES_BIND", "SLURM_TRES_PER_TASK", "SLURM_GPUS_PER_TASK",
+)  # fmt: skip
+
+
+def test_a_task_slurm_binds_a_gpu_to_sees_these_variables(real_slurm, tmp_path):
+    """What Slurm 22.05 gives a task of `srun --gpus-per-task=1` (the sbatch's GPU_BIND=slurm),
+    2 tasks on each node of 2 GPUs: its own GPU in CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS,
+    the node's count in SLURM_GPUS_ON_NODE, the binding in SLURMD_TRES_BIND; neither
+    SLURM_GPUS_PER_TASK nor SLURM_TRES_PER_TASK nor SLURM_TRES_BIND reaches the task. The
+    unbound form (--gpus-per-node=2 --gpu-bind=none) says gpu:none there."""
+    env = _probe_env(tmp_path, TASK_PER="gpu")
+    seen = {}
+    for bind in ("slurm", "project"):
+        job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env | {"GPU_BIND": bind})
+        ended = real_slurm.finished(job)
+        assert ended == ("COMPLETED", 0), f"{ended}{real_slurm.job_output(job)}"
+        seen[bind] = [{n: t["env"].get(n) for n in GPU_NAMES} for t in _probes(tmp_path, job)]
+    (real_slurm.root / "out" / "gpu-task-variables.json").write_text(json.dumps(seen, indent=1))
+    for local, task in zip([0, 1, 0, 1], seen["slurm"], strict=True):
+        assert task == {
+            "CUDA_VISIBLE_DEVICES": str(local), "SLURM_STEP_GPUS": str(local),
+            "SLURM_JOB_GPUS": "0,1", "SLURM_GPUS_ON_NODE": "2",
+            "SLURMD_TRES_BIND": "gpu:per_task:1", "SLURM_TRES_BIND": None,
+            "SLURM_TRES_PER_TASK": None, "SLURM_GPUS_PER_TASK": None,
+        }  # fmt: skip
+    for task in seen["project"]:
+        assert task["CUDA_VISIBLE_DEVICES"] is None and task["SLURM_STEP_GPUS"] is None
+        assert task["SLURM_GPUS_ON_NODE"] == "2" and task["SLURMD_TRES_BIND"] == "gpu:none"
+
+
+def test_one_task_exiting_2_ends_the_whole_job_at_once(real_slurm, tmp_path):
+    """--kill-on-bad-exit=1: task 1 refuses (exit 2), the other three would sleep 120 s."""
+    env = _probe_env(tmp_path, TASK_PER="gpu", PROBE_FAIL_TASK="1", PROBE_SLEEP_S="120")
+    start = time.monotonic()
+    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env)
+    state, code = real_slurm.finished(job, limit_s=60)
+    took = time.monotonic() - start
+    output = real_slurm.job_output(job)
+    assert took < 30, f"the job took {took:.0f} s{output}"
+    assert state == "FAILED" and code != 0, output  # srun's status (2, or 143: SIGTERM's)
+    # task 1 ran (tasks still starting when it failed may never have written their probe)
+    assert "1" in {t["env"]["SLURM_PROCID"] for t in _probes(tmp_path, job)}, output
+    assert "task 1: Exited with exit code 2" in output, output
+
+
+@pytest.mark.slow
+def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_path):
+    """The shipped sbatch with a real `hpcai500-tf train` (the tiny preset, 200 epochs: the
+    wrapper on PATH notes each task's pid and execs the CLI with these options in place of
+    the sbatch's reference ones), one task per node, scancelled mid-epoch: seconds from
+    scancel (SIGTERM to every task and the batch script, which passes it to srun) to the last
+    task's exit, under KillWait (30 s here, Slurm's default), a `stopped` record, and every
+    task exits 143. About 40 s on 2 cores."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "hpcai500-tf").write_text(
+        f'#!/bin/sh\necho "$$" > "{out}/pid-$SLURM_PROCID"\n'
+        f"exec {CLI} train image_classification --preset tiny --set training.epochs=200 "
+        f'--out "{out}/runs" --power-hz 0 --no-tensorboard\n'
+    )
+    (bin_dir / "hpcai500-tf").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
+    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", env=env)
+    _wait_for(
+        "the end of epoch 1", lambda: "eval after epoch 1" in real_slurm.job_output(job), 180,
+        lambda: real_slurm.job_output(job) + real_slurm.logs(),
+    )  # fmt: skip
+    time.sleep(0.5)  # into epoch 2
+    pids = [int((out / f"pid-{task}").read_text()) for task in (0, 1)]
+    start = time.monotonic()
+    real_slurm.on("node9", "scancel", job)
+    exits = {}
+    while len(exits) < 2 and time.monotonic() - start < 60:
+        for pid in set(pids) - set(exits):
+            if not Path(f"/proc/{pid}").exists():
+                exits[pid] = time.monotonic() - start
+        time.sleep(0.05)
+    last = max(exits.values(), default=float("inf"))
+    state, code = real_slurm.finished(job, limit_s=60)
+    output = real_slurm.job_output(job)
+    # the batch script waited for srun's step and exits with its status (143: SIGTERM's stop)
+    assert (state, code) == ("CANCELLED", 143), f"{state} {code}{output}"
+    exited = {task: round(exits.get(pid, -1), 1) for task, pid in enumerate(pids)}
+    print(f"scancel to the last task's exit: {last:.1f} s (by task: {exited})\n{output[-2500:]}")
+    assert len(exits) == 2 and last < 30, f"{exits}{output}"
+    (record,) = (json.loads(path.read_text()) for path in out.glob("runs/*/record.json"))
+    assert record["status"] == "stopped", output
+    assert record["warnings"][0].startswith("stopped by SIGTERM"), record["warnings"]
+    for task, node in ((0, "node9"), (1, "node10")):
+        assert f"{node}: task {task}: Exited with exit code 143" in output, output

@@ -7,7 +7,8 @@
 Checks, each in its own process, under one deadline (--deadline, 600 s): each check gets its
 share of the time that is left. The summary is rewritten after every check, so a run that is
 killed or reaches the deadline leaves the checks done so far and names those it did not run.
-  devices      the GPUs nvidia-smi lists and the ones TensorFlow sees (with compute capability);
+  devices      the GPUs this process may use (nvidia-smi's, narrowed by CUDA_VISIBLE_DEVICES) and
+               the ones TensorFlow sees (with compute capability);
                its first GPU kernels start CUDA's compile cache (below)
   train_fp16   ResNet-50 v1.5 at 224x224, random data, mixed fp16 with loss scaling, one GPU:
                examples/s of the timed steps (200 by default, after the run's warm-up step)
@@ -27,7 +28,9 @@ killed or reaches the deadline leaves the checks done so far and names those it 
 
 CUDA's compile cache: Hopper-class GPUs compile TensorFlow's kernels from PTX on first use.
 The cache is sized to 4 GiB unless CUDA_CACHE_MAXSIZE is set, and its location and size before
-and after are in the summary: a second run of the check finds it warm.
+and after are in the summary: a second run of the check finds it warm. Where a training check
+was cut by the deadline while the cache grew, the summary's `cold_jit` (also printed) says
+"cold JIT: rerun".
 
 `--rehearse-on-cpu` runs the same harness on a CPU-only machine (tiny preset, 2 CPU worker
 processes reducing over gRPC instead of NCCL) so that the harness itself is tested; its summary
@@ -51,7 +54,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import GPU_PLACEMENT, PLACEMENTS, WORKER_GPUS, gpu_selection
+from hpcai500_tf.benchmark_layers import (
+    GPU_PLACEMENT,
+    PLACEMENTS,
+    WORKER_GPUS,
+    cuda_visible_entries,
+    gpu_selection,
+)
 from hpcai500_tf.errors import ArgumentParser
 from hpcai500_tf.launch import free_ports, tf_configs, worker_environments
 from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
@@ -182,14 +191,24 @@ def check_devices(rehearse: bool, seconds: float) -> dict:
         return {**result, "status": "passed", "why": "rehearsal: no GPU expected"}
     if why_none:
         return {**result, "status": "failed", "why": why_none}
-    if len(tensorflow["gpus"]) < len(listed):
-        return {
-            **result,
-            "status": "failed",
-            "why": f"TensorFlow sees {len(tensorflow['gpus'])} of the {len(listed)} GPUs "
-            "nvidia-smi lists: CUDA's libraries did not load (pip install -e '.[cuda]')",
-        }
-    return {**result, "status": "passed"}
+    why = missing_gpus(len(tensorflow["gpus"]), len(listed), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return {**result, "status": "failed", "why": why} if why else {**result, "status": "passed"}
+
+
+def missing_gpus(seen: int, listed: int, visible: str | None) -> str | None:
+    """Why TensorFlow's `seen` GPUs fall short of those this process may use: the `listed`
+    ones of `nvidia-smi -L`, narrowed by CUDA_VISIBLE_DEVICES (`visible`) where it is set;
+    None where they do not."""
+    may_use, where = listed, f"the {listed} GPUs nvidia-smi lists"
+    if visible is not None:
+        may_use = min(listed, len(cuda_visible_entries(visible)))
+        where = f"the {may_use} GPUs CUDA_VISIBLE_DEVICES={visible} leaves of nvidia-smi's {listed}"
+    if may_use == 0:
+        return f"CUDA_VISIBLE_DEVICES={visible} leaves none of nvidia-smi's {listed} GPUs: unset it"
+    if seen >= may_use:
+        return None
+    fix = "pip install -e '.[cuda]'"
+    return f"TensorFlow sees {seen} of {where}: CUDA's libraries did not load ({fix})"
 
 
 def check_train(
@@ -472,6 +491,8 @@ def check_roofline(rehearse: bool, work: Path, seconds: float) -> dict:
 SHARES = {"devices": 1, "train_fp16": 3, "train_bf16": 3, "all_reduce": 2.5, "energy": 0,
           "roofline": 2}  # fmt: skip
 CHECKS = tuple(SHARES)
+# how a check cut by the deadline says so (run_command's timeout; run_checks, no time left)
+CUT_BY_DEADLINE = ("did not finish within", "deadline was reached")
 CACHE_BYTES = 4 * 2**30  # CUDA_CACHE_MAXSIZE: ResNet-50's kernels in fp16, bf16 and fp32
 
 
@@ -487,6 +508,25 @@ def cuda_cache() -> dict:
     path = Path(os.environ.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache")
     held = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
     return {"path": str(path), "max_bytes": int(os.environ["CUDA_CACHE_MAXSIZE"]), "bytes": held}
+
+
+def cold_jit(checks: dict, before: dict, after: dict) -> str | None:
+    """ "cold JIT: rerun" where a training check was cut by the deadline while CUDA's compile
+    cache grew: it was compiling TensorFlow's kernels from PTX (Hopper-class GPUs, first use),
+    which a second run finds cached."""
+    cut = [
+        name
+        for name in ("train_fp16", "train_bf16")
+        if any(why in checks.get(name, {}).get("why", "") for why in CUT_BY_DEADLINE)
+    ]
+    grew = after["bytes"] - before["bytes"]
+    if not cut or grew <= 0:
+        return None
+    return (
+        f"cold JIT: rerun: {' and '.join(cut)} cut by the deadline while CUDA compiled "
+        f"TensorFlow's kernels into its cache ({after['path']}, {grew / 2**20:.0f} MiB more); "
+        "a second run finds them there"
+    )
 
 
 def write_summary(out: Path, summary: dict) -> None:
@@ -580,12 +620,16 @@ def main() -> int:
             run_checks(summary, out, args, deadline, Path(scratch))
     finally:
         summary["cuda_cache_after"] = cuda_cache()
+        before, after = summary["cuda_cache_before"], summary["cuda_cache_after"]
+        summary["cold_jit"] = cold_jit(summary["checks"], before, after)
         summary["checks"].get("train_fp16", {}).pop("record", None)
         write_summary(out, summary)
     checks = summary["checks"]
     for name, check in checks.items():
         why = f": {check['why']}" if check.get("why") else ""
         print(f"{name:11s} {check['status']}{why}".splitlines()[0][:200])
+    if summary["cold_jit"]:
+        print(summary["cold_jit"])
     print(f"summary: {out}")
     if not summary["passed"]:
         failed = [n for n in CHECKS if checks.get(n, {}).get("status") != "passed"]

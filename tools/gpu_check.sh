@@ -5,19 +5,38 @@
 #       [--deadline 600]
 # Run it from the repository root. --install first makes a virtual environment of its own
 # (GPU_CHECK_VENV, default .venv-gpu-check) with this package and its cuda extra, never
-# touching the machine's other Python packages; without --install it runs in the environment
-# the benchmark is installed in (PYTHON, default python). See tools/gpu_check.py for what each
-# check measures.
+# touching the machine's other Python packages, from PYTHON (default python3); without
+# --install it runs in the environment the benchmark is installed in (PYTHON, default python).
+# Either Python must be 3.11 or newer: one line says so and names PYTHON= otherwise. See
+# tools/gpu_check.py for what each check measures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python}"
+
+# The package needs Python 3.11 or newer (Ubuntu 22.04 and DGX OS 6 have 3.10 as python3):
+# one line naming the version and the fix (by default PYTHON= naming a newer one).
+check_python() { # PYTHON [FIX]
+    local version fix=${2:-"install one and name it with PYTHON=/path/to/python3.11"}
+    version=$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || true
+    if [[ ! $version =~ ^3\.([0-9]+)$ ]] || ((BASH_REMATCH[1] < 11)); then
+        echo "gpu_check.sh: error: $1 is ${version:+Python }${version:-not a Python that runs};" \
+            "the package needs 3.11 or newer: $fix" >&2
+        exit 2
+    fi
+}
+
 if [[ ${1:-} == --install ]]; then
     shift
+    base=${PYTHON:-python3}
     VENV="${GPU_CHECK_VENV:-.venv-gpu-check}"
+    if [[ -x $VENV/bin/python ]]; then # made before: its own Python must do too
+        check_python "$VENV/bin/python" "remove $VENV and rerun with PYTHON=/path/to/python3.11"
+    else
+        check_python "$base"
+    fi
     log="$(mktemp -t gpu-check-install.XXXXXX)"
     created=0
     [[ -d $VENV ]] || created=1
-    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet --timeout 30 -e ".[cuda]"; } \
+    if ! { "$base" -m venv "$VENV" && "$VENV/bin/pip" install --quiet --timeout 30 -e ".[cuda]"; } \
         >"$log" 2>&1; then
         [[ $created == 1 ]] && rm -rf "$VENV"  # nothing half-installed left behind
         echo "gpu_check.sh: error: could not install the package with its cuda extra into" \
@@ -26,6 +45,9 @@ if [[ ${1:-} == --install ]]; then
     fi
     rm -f "$log"
     PYTHON="$VENV/bin/python"
+else
+    PYTHON="${PYTHON:-python}"
+    check_python "$PYTHON"
 fi
 # The outer limit only backs up the harness's own deadline (which it passes to each check).
 deadline=600
