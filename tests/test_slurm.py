@@ -132,11 +132,14 @@ def test_two_tasks_per_node_are_consecutive_tasks_on_consecutive_ports(procid, h
     assert (task.host, task.local_index, task.tasks_on_node) == (host, local, 2)
 
 
-def test_the_job_variables_stand_in_for_missing_step_ones():
+def test_the_job_node_list_stands_in_for_the_steps_but_tasks_are_the_steps_own():
+    """The tasks of the step come from SLURM_STEP_NUM_TASKS only (the job's SLURM_NTASKS may
+    count more); the job's node list and tasks per node stand in for the step's."""
     environ = {
         "SLURM_JOB_ID": "42",
         "SLURM_PROCID": "2",
-        "SLURM_NTASKS": "3",
+        "SLURM_NTASKS": "6",
+        "SLURM_STEP_NUM_TASKS": "3",
         "SLURM_JOB_NODELIST": "n[1-2]",
         "SLURM_TASKS_PER_NODE": "2,1",
     }
