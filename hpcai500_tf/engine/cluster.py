@@ -98,8 +98,9 @@ def cluster_in_environment() -> str | None:
 def strategy_overrides(launching_workers: bool, framework: str = "tensorflow") -> list[str]:
     """The config override a run takes from its environment: multi_worker when this process
     launches workers (--workers N) or is one task of a cluster (srun, TF_CONFIG; for PyTorch,
-    also torchrun's WORLD_SIZE above 1). A TensorFlow task's cluster is checked here, in one
-    line, before TensorFlow loads (the PyTorch runner checks its own before it joins)."""
+    also torchrun's WORLD_SIZE above 1). A task's cluster (TF_CONFIG for TensorFlow; Slurm's
+    step for both frameworks) is checked here, its hosts resolved, in one line, before the
+    framework loads."""
     torch_workers = framework == "pytorch" and os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     found = None if launching_workers or torch_workers else cluster_in_environment()
     if launching_workers or torch_workers or found:
@@ -109,10 +110,11 @@ def strategy_overrides(launching_workers: bool, framework: str = "tensorflow") -
                 "CUDA_VISIBLE_DEVICES and NVML here): run one worker per node, without "
                 "--workers, srun or TF_CONFIG"
             )
+        torch_variables = {"RANK", "WORLD_SIZE"} & set(os.environ)  # torchrun's, read there
         if framework == "tensorflow" and found == "TF_CONFIG":
-            parse_tf_config(os.environ["TF_CONFIG"])
-        elif framework == "tensorflow" and found == "Slurm":
-            slurm_cluster()
+            check_hosts_resolve(parse_tf_config(os.environ["TF_CONFIG"])["cluster"], found)
+        elif found == "Slurm" and not (framework == "pytorch" and torch_variables):
+            check_hosts_resolve({"worker": slurm_cluster().addresses}, found)
         return ["training.strategy=multi_worker"]
     return []
 
