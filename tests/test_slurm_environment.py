@@ -88,7 +88,7 @@ def test_slurm_ntasks_that_is_no_count_is_one_line_not_a_single_worker(tasks):
         (
             '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1%s}}'
             % ("0" * 5000),
-            "TF_CONFIG is not valid JSON",
+            "TF_CONFIG holds a number of more than 4,300 digits",
         ),  # fmt: skip
         (
             '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1%s}}'
@@ -98,8 +98,9 @@ def test_slurm_ntasks_that_is_no_count_is_one_line_not_a_single_worker(tasks):
         ('{"cluster": {"worker": ["a:²"]}, "task": {"type": "worker", "index": 0}}', "'a:²'"),
         ('{"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}}', "a:99999"),
         ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}', "'True'"),
+        ("[" * 100_000 + "]" * 100_000, "TF_CONFIG is nested too deeply"),
     ],
-    ids=["5000-digits", "4000-digits", "superscript-port", "port-99999", "bool-index"],
+    ids=["5000-digits", "4000-digits", "superscript-port", "port-99999", "bool-index", "deep"],
 )
 def test_tf_config_numbers_are_read_strictly(text, named):
     with pytest.raises(UserError) as refused:

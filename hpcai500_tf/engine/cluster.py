@@ -42,8 +42,10 @@ def parse_tf_config(text: str) -> dict:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise UserError(f"TF_CONFIG is not valid JSON ({error.msg})") from None
-    except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; deep nesting
-        raise UserError(f"TF_CONFIG is not valid JSON ({str(error)[:100]})") from None
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        raise UserError("TF_CONFIG holds a number of more than 4,300 digits") from None
+    except RecursionError:
+        raise UserError("TF_CONFIG is nested too deeply to be a cluster") from None
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise UserError('TF_CONFIG needs a "cluster" object, e.g. {"worker": ["host:port", ...]}')
     task = config.get("task")
