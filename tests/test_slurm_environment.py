@@ -93,11 +93,14 @@ def test_slurm_ntasks_that_is_no_count_is_one_line_not_a_single_worker(tasks):
         (
             '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1%s}}'
             % ("0" * 4000),
-            "TF_CONFIG: task index '1000",
+            "TF_CONFIG: task index 1000",
         ),  # fmt: skip
         ('{"cluster": {"worker": ["a:²"]}, "task": {"type": "worker", "index": 0}}', "'a:²'"),
         ('{"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}}', "a:99999"),
-        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}', "'True'"),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}',
+            "task index True is",
+        ),
         ("[" * 100_000 + "]" * 100_000, "TF_CONFIG is nested too deeply"),
     ],
     ids=["5000-digits", "4000-digits", "superscript-port", "port-99999", "bool-index", "deep"],

@@ -71,7 +71,7 @@ def parse_tf_config(text: str) -> dict:
         raise UserError(f"TF_CONFIG: task type {shown(str(kind))} is not a job of the cluster")
     if type(index) is not int or not 0 <= index < len(cluster[kind]):
         raise UserError(
-            f"TF_CONFIG: task index {shown(str(index))} is out of range for "
+            f"TF_CONFIG: task index {shown(str(index))[1:-1]} is out of range for "
             f"{len(cluster[kind])} {kind} address(es)"
         )
     return config
