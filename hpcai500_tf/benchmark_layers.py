@@ -145,8 +145,11 @@ def nvml_text(value) -> str:
 
 @functools.lru_cache(maxsize=1)
 def nvidia_gpus() -> tuple[list[dict], str | None, str | None]:
-    """Every GPU NVML sees, used or not: (devices with index, model, memory and UUID; driver
-    version; why none were listed)."""
+    """Every GPU NVML lets this process open, used or not: (devices with index, model, memory
+    and UUID; driver version; a note: why none were listed, or which were not readable). A task
+    that Slurm's cgroup keeps to its own GPUs sees the node's others listed but gets NVML's
+    NoPermission for them: they are skipped and named, and the list holds the GPUs CUDA can see,
+    in CUDA's order (CUDA_VISIBLE_DEVICES indices are positions in it)."""
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError:
@@ -157,21 +160,40 @@ def nvidia_gpus() -> tuple[list[dict], str | None, str | None]:
         return [], None, f"NVML unavailable ({error})"
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
-        devices = []
+        devices, denied = [], []
         for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            devices.append(
-                {
-                    "index": index,
-                    "model": nvml_text(pynvml.nvmlDeviceGetName(handle)),
-                    "memory_bytes": int(memory.total),
-                    "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle)),
-                }
-            )
-        return devices, driver, None
+            try:
+                devices.append(_nvml_device(pynvml, index))
+            except pynvml.NVMLError as error:
+                denied.append((index, error))
+        return devices, driver, unreadable_gpus_note(denied)
     finally:
         pynvml.nvmlShutdown()
+
+
+def _nvml_device(pynvml, index: int) -> dict:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return {
+        "index": index,
+        "model": nvml_text(pynvml.nvmlDeviceGetName(handle)),
+        "memory_bytes": int(memory.total),
+        "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle)),
+    }
+
+
+def unreadable_gpus_note(denied: list[tuple[int, Exception]]) -> str | None:
+    """A one-line note naming the GPUs NVML listed but would not open, with its first answer
+    (NoPermission where a cgroup keeps this process to other GPUs); None where there are none."""
+    if not denied:
+        return None
+    names = ", ".join(f"gpu{index}" for index, _ in denied[:16])
+    more = f" and {len(denied) - 16} more" if len(denied) > 16 else ""
+    return (
+        f"{names}{more} skipped: NVML lists them but does not open them for this process "
+        f"({denied[0][1]}; a Slurm task sees only its own GPUs where the site constrains "
+        "devices)"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -354,16 +376,19 @@ def hardware_layer(workers: int = 1) -> dict:
     cores = os.cpu_count()
     environment = os.environ.get("CUDA_VISIBLE_DEVICES")
     visible, visibility_note = computing_gpus(os.environ, [g["uuid"] for g in gpus])
+    # positions in `gpus` (the GPUs this process can open, CUDA's order), not NVML indices
     accelerators = [
         {
             "index": g["index"],
             "model": g["model"],
             "memory_bytes": g["memory_bytes"],
-            "visible": None if visible is None else g["index"] in visible,
+            "visible": None if visible is None else position in visible,
         }
-        for g in gpus
+        for position, g in enumerate(gpus)
     ]
-    used = gpus if visible is None else [g for g in gpus if g["index"] in visible]
+    used = gpus if visible is None else [g for i, g in enumerate(gpus) if i in visible]
+    if gpus and gpu_note:  # some listed GPUs could not be opened: named with the others' note
+        visibility_note, gpu_note = "; ".join(filter(None, (gpu_note, visibility_note))), None
     if not gpus:  # no NVIDIA GPU: AMD's, named as ROCm names them
         amd, amd_source = amd_gpus()
         on_amd = amd_visible(len(amd))

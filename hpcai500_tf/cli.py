@@ -138,6 +138,9 @@ def _backend(framework: str):
 
         return run
     sys.modules["tensorflow"] = None  # an import of it fails here, loudly, not in triton later
+    # c10d's C++ warnings (a rendezvous retrying, say: dozens of lines) kept off stderr; its
+    # errors reach the run's one line. Read when torch loads; a setting of the user's is kept.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from hpcai500_tf.pytorch import build, train
 
     build.import_torch()  # a missing or unusable torch is one line naming the extra

@@ -14,6 +14,8 @@ import itertools
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,21 +34,82 @@ PORT_SLOTS = 768
 # (benchmarks/input_pipeline.py); a GPU training a few thousand images/s needs several cores.
 MIN_CPUS_PER_GPU = 4
 
+# A cluster larger than any real one (tasks, hosts): refused, counted before any list is built.
+MAX_TASKS = 1_000_000
+MAX_NODE_GPUS = 4096  # GPUs one node may report (SLURM_GPUS_ON_NODE)
+MAX_DIGITS = 18  # the longest number read from the environment
+
 _BLOCK_ADVICE = "run srun with the default block distribution (srun -m block)"
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_TASKS = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+_DIGITS = f"[0-9]{{1,{MAX_DIGITS}}}"
+_RANGE = re.compile(f"({_DIGITS})(?:-({_DIGITS}))?")
+_TASKS = re.compile(rf"({_DIGITS})(?:\(x({_DIGITS})\))?")
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """`text` quoted for a one-line message, cut to `limit` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def whole_number(text: str, name: str, low: int, high: int, fix: str) -> int:
+    """The number `text` of variable `name`: ASCII digits only (str.isdigit takes '²'), at
+    most MAX_DIGITS of them, from `low` to `high`; anything else is one line naming it."""
+    text = text.strip()
+    if re.fullmatch(_DIGITS, text) is None or not low <= int(text) <= high:
+        raise UserError(f"{name}={shown(text)} is not a whole number from {low} to {high}: {fix}")
+    return int(text)
+
+
+def _fix(name: str) -> str:
+    return "run the tasks with srun, which sets it" if name.startswith("SLURM") else "unset it"
+
+
+def step_tasks(environ: Mapping[str, str]) -> int:
+    """The tasks of this Slurm step: SLURM_STEP_NUM_TASKS, which srun sets for a step; 1 for a
+    process that is no Slurm task (no SLURM_PROCID). In a batch script (SLURM_PROCID and
+    SLURM_NTASKS set, no step) `train` would wait for tasks that never start: refused, with
+    the srun that starts them. Every count present is read strictly."""
+    if "SLURM_PROCID" not in environ:
+        return 1
+    counts = {
+        name: whole_number(environ[name], name, 1, MAX_TASKS, _fix(name))
+        for name in ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS")
+        if name in environ
+    }
+    whole_number(environ["SLURM_PROCID"], "SLURM_PROCID", 0, MAX_TASKS - 1, _fix("SLURM"))
+    if "SLURM_STEP_NUM_TASKS" in counts:
+        return counts["SLURM_STEP_NUM_TASKS"]
+    if counts.get("SLURM_NTASKS", 1) > 1:
+        raise UserError(
+            f"SLURM_NTASKS={counts['SLURM_NTASKS']} but SLURM_STEP_NUM_TASKS is not set: this "
+            "is a Slurm batch script, not a step of srun, and its other tasks never start; "
+            "start every task with srun (srun hpcai500-tf train ...), or one worker with srun -n1"
+        )
+    return 1
 
 
 def expand_nodelist(text: str, variable: str = "SLURM_STEP_NODELIST") -> list[str]:
     """The host names of a Slurm host list (`gpu[08-11],m1`) in Slurm's order: items as
-    written, ranges ascending with their zero padding, the first bracket varying slowest."""
-    hosts: list[str] = []
+    written, ranges ascending with their zero padding, the first bracket varying slowest. The
+    number of hosts is counted before any is built: more than MAX_TASKS is one line."""
+    items = []
     for item in _top_level_items(text, variable):
         pieces = re.split(r"(\[[^\]]*\])", item)  # literal, [group], literal, ...
-        choices = [
-            _expand_group(piece[1:-1], text, variable) if piece.startswith("[") else [piece]
-            for piece in pieces
-        ]
+        items.append(
+            [_group_ranges(p[1:-1], text, variable) if p.startswith("[") else p for p in pieces]
+        )
+    total = 0
+    for pieces in items:
+        size = 1
+        for piece in pieces:
+            size *= (
+                1 if isinstance(piece, str) else sum(last - int(first) + 1 for first, last in piece)
+            )
+            if total + size > MAX_TASKS:
+                raise _not_a_host_list(text, variable, f"it names more than {MAX_TASKS:,} hosts")
+        total += size
+    hosts: list[str] = []
+    for pieces in items:
+        choices = [[p] if isinstance(p, str) else _group_numbers(p) for p in pieces]
         hosts += ["".join(parts) for parts in itertools.product(*choices)]
     seen: set[str] = set()
     for host in hosts:
@@ -85,23 +148,30 @@ def _top_level_items(text: str, variable: str) -> list[str]:
     return items
 
 
-def _expand_group(body: str, text: str, variable: str) -> list[str]:
-    """The numbers of one bracket group (`1,3,5-7`, `08-11`), each as wide as its start."""
-    numbers: list[str] = []
+def _group_ranges(body: str, text: str, variable: str) -> list[tuple[str, int]]:
+    """The ranges of one bracket group (`1,3,5-7`, `08-11`) as (first as written, last)."""
+    ranges = []
     for part in body.split(","):
         match = _RANGE.fullmatch(part)
         if match is None:
-            raise _not_a_host_list(text, variable, f"'[{body}]' is not numbers and ranges")
-        first, last = match.group(1), match.group(2) or match.group(1)
-        if int(last) < int(first):
+            raise _not_a_host_list(
+                text, variable, f"'[{shown(body)[1:-1]}]' is not numbers and ranges"
+            )
+        first, last = match.group(1), int(match.group(2) or match.group(1))
+        if last < int(first):
             raise _not_a_host_list(text, variable, f"the range {part} ends before it starts")
-        numbers += [f"{n:0{len(first)}d}" for n in range(int(first), int(last) + 1)]
-    return numbers
+        ranges.append((first, last))
+    return ranges
+
+
+def _group_numbers(ranges: list[tuple[str, int]]) -> list[str]:
+    """The numbers of a group's ranges, each as wide as its range's start."""
+    return [f"{n:0{len(first)}d}" for first, last in ranges for n in range(int(first), last + 1)]
 
 
 def _not_a_host_list(text: str, variable: str, why: str) -> UserError:
     return UserError(
-        f"{variable}={text!r} is not a Slurm host list ({why}): run the tasks with srun, "
+        f"{variable}={shown(text)} is not a Slurm host list ({why}): run the tasks with srun, "
         "which sets it, or correct it"
     )
 
@@ -114,21 +184,27 @@ def expand_tasks_per_node(
 ) -> list[int]:
     """Tasks on each node from Slurm's compressed form: `2(x3),1` -> [2, 2, 2, 1]; one count of
     at least 1 per node of the node list."""
-    counts: list[int] = []
+    pairs = []
     for item in text.strip().split(","):
         match = _TASKS.fullmatch(item.strip())
         if match is None or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
             raise UserError(
-                f"{variable}={text!r} is not Slurm's tasks per node (counts of at least 1, "
+                f"{variable}={shown(text)} is not Slurm's tasks per node (counts of at least 1, "
                 "as in 2(x3),1): run the tasks with srun, which sets it, or correct it"
             )
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    if len(counts) != nodes:
+        pairs.append((int(match.group(1)), int(match.group(2) or 1)))
+    listed = sum(repeat for _, repeat in pairs)
+    if listed != nodes:
         raise UserError(
-            f"{variable}={text!r} counts tasks on {len(counts)} node(s) but {nodes_variable} "
+            f"{variable}={shown(text)} counts tasks on {listed} node(s) but {nodes_variable} "
             f"names {nodes}: run the tasks with one srun, which sets both"
         )
-    return counts
+    if sum(count * repeat for count, repeat in pairs) > MAX_TASKS:
+        raise UserError(
+            f"{variable}={shown(text)} places more than {MAX_TASKS:,} tasks, more than any "
+            "real cluster: run the tasks with srun, which sets it, or correct it"
+        )
+    return [count for count, repeat in pairs for _ in range(repeat)]
 
 
 @dataclass(frozen=True)
@@ -157,20 +233,25 @@ def port_plan(environ: Mapping[str, str], tasks_on_node: int) -> PortPlan:
     base_text = environ.get("HPCAI500_SLURM_PORT_BASE") or None
     reserved = environ.get("SLURM_STEP_RESV_PORTS")
     if base_text is None and reserved:
-        ports = _reserved_ports(reserved)
-        if len(ports) < tasks_on_node:
+        ranges = _reserved_ranges(reserved)
+        count = sum(last - first + 1 for first, last in ranges)  # counted, not listed
+        if count < tasks_on_node:
             raise UserError(
-                f"SLURM_STEP_RESV_PORTS={reserved} reserves {len(ports)} port(s) but a node "
+                f"SLURM_STEP_RESV_PORTS={shown(reserved)} reserves {count} port(s) but a node "
                 f"runs {tasks_on_node} tasks: ask srun for --resv-ports={tasks_on_node}, or set "
                 "HPCAI500_SLURM_PORT_BASE"
             )
-        return PortPlan("SLURM_STEP_RESV_PORTS", reserved, tuple(ports[:tasks_on_node]))
+        ports = itertools.chain.from_iterable(range(a, b + 1) for a, b in ranges)
+        return PortPlan(
+            "SLURM_STEP_RESV_PORTS", reserved, tuple(itertools.islice(ports, tasks_on_node))
+        )
     if base_text is not None:
-        source, base = "HPCAI500_SLURM_PORT_BASE", _integer(environ, "HPCAI500_SLURM_PORT_BASE")
-        setting = base_text
+        source, setting = "HPCAI500_SLURM_PORT_BASE", base_text
+        base = whole_number(base_text, source, 1, 65535, "set it to a port from 1024 to 65535")
     else:
         source, setting = "SLURM_JOB_ID", _required(environ, "SLURM_JOB_ID")
-        base = PORT_FIRST + (_integer(environ, "SLURM_JOB_ID") % PORT_SLOTS) * PORT_STRIDE
+        job = whole_number(setting, source, 0, 2**32 - 1, "run the tasks with srun, which sets it")
+        base = PORT_FIRST + (job % PORT_SLOTS) * PORT_STRIDE
     if not 1024 <= base <= 65536 - tasks_on_node:
         raise UserError(
             f"{source}={setting} gives ports {base} to {base + tasks_on_node - 1}, outside "
@@ -180,18 +261,24 @@ def port_plan(environ: Mapping[str, str], tasks_on_node: int) -> PortPlan:
     return PortPlan(source, setting, tuple(range(base, base + tasks_on_node)))
 
 
-def _reserved_ports(text: str) -> list[int]:
-    """The ports of SLURM_STEP_RESV_PORTS (`12000-12007`, `12000,12002`), in order."""
-    ports: list[int] = []
+def _reserved_ranges(text: str) -> list[tuple[int, int]]:
+    """The port ranges of SLURM_STEP_RESV_PORTS (`12000-12007`, `12000,12002`), in order, each
+    port from 1 to 65535."""
+    ranges = []
     for part in text.split(","):
         match = _RANGE.fullmatch(part.strip())
-        if match is None or int(match.group(2) or match.group(1)) < int(match.group(1)):
+        first, last = (
+            (0, 0)
+            if match is None
+            else (int(match.group(1)), int(match.group(2) or match.group(1)))
+        )
+        if match is None or not 1 <= first <= last <= 65535:
             raise UserError(
-                f"SLURM_STEP_RESV_PORTS={text!r} is not a list of ports and ranges: unset it "
-                "or set HPCAI500_SLURM_PORT_BASE"
+                f"SLURM_STEP_RESV_PORTS={shown(text)} is not a list of ports (1 to 65535) and "
+                "ranges: unset it or set HPCAI500_SLURM_PORT_BASE"
             )
-        ports += range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1)
-    return ports
+        ranges.append((first, last))
+    return ranges
 
 
 def port_free(port: int) -> bool:
@@ -214,6 +301,50 @@ def check_port_free(address: str, origin: str | None = None, fix: str | None = N
         where = f" ({origin})" if origin else ""
         advice = f": {fix}" if fix else ""
         raise UserError(f"port {port} of this worker ({address}) is already in use{where}{advice}")
+
+
+RESOLVE_SECONDS = 10.0  # every host of a cluster must resolve within this, all together
+
+
+def check_hosts_resolve(hosts: list[str], where: str, seconds: float = RESOLVE_SECONDS) -> None:
+    """Refuse a cluster one of whose hosts does not resolve (socket.getaddrinfo), or not within
+    `seconds`, naming the first such host in the cluster's order and `where` the hosts come
+    from: every worker would otherwise wait for it until its join timeout. Distinct hosts are
+    resolved by up to 16 daemon threads, so a resolver that hangs is left behind, not waited
+    for."""
+    pending = list(dict.fromkeys(hosts))
+    answers: dict[str, str | None] = {}  # host -> None (resolved) or why not
+    lock = threading.Lock()
+
+    def resolve() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                host = pending.pop()
+            try:
+                socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+                answers[host] = None
+            except (OSError, UnicodeError) as error:
+                answers[host] = getattr(error, "strerror", None) or str(error)
+
+    threads = [threading.Thread(target=resolve, daemon=True) for _ in range(min(16, len(pending)))]
+    deadline = time.monotonic() + seconds
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for host in dict.fromkeys(hosts):
+        if host not in answers:
+            why = f"did not resolve within {seconds:g} s"
+        elif answers[host] is not None:
+            why = f"does not resolve ({answers[host]})"
+        else:
+            continue
+        raise UserError(
+            f"host {shown(host)} of {where} {why}: every worker must reach it; check the "
+            "host names (DNS, /etc/hosts) or the cluster's description"
+        )
 
 
 def gpu_share(
@@ -248,11 +379,129 @@ def _bound_by_slurm(
     environ: Mapping[str, str], visible: list[str], node_gpus: int, tasks_on_node: int
 ) -> bool:
     """Whether Slurm gave this task GPUs of its own (--gpus-per-task, --ntasks-per-gpu,
-    --gpu-bind): it then sees only those, fewer than the node has and no more than its tasks."""
-    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # e.g. a100:1
-    if per_task.isdigit() and 0 < len(visible) <= int(per_task):
+    --gpu-bind), as Slurm says it: a GPU binding other than `none` (SLURM_TRES_BIND), or a
+    count of GPUs per task (SLURM_TRES_PER_TASK from Slurm 23.11, SLURM_GPUS_PER_TASK where a
+    version passes it) that the task sees no more than. Slurm 22.05 says neither to a task:
+    there, a task bound where it sees fewer GPUs than Slurm gave its node
+    (SLURM_GPUS_ON_NODE, `node_gpus`) and no more than the node has tasks."""
+    binding = gpu_binding(environ)
+    if binding is not None and "none" in binding.split(","):
+        return False
+    per_task = gpus_per_task(environ)
+    if per_task is not None:
+        return 0 < len(visible) <= per_task[0]
+    if binding is not None:
         return True
     return len(visible) < node_gpus and len(visible) <= tasks_on_node
+
+
+# A GPU count in Slurm's TRES strings, as the versions write them: gres/gpu=1 (23.11 on, as in
+# cpu=4,gres/gpu=1), gres/gpu:1, gres:gpu:1, with a type: gres/gpu:h100:1 or gres/gpu:h100=1.
+_TRES_GPUS = re.compile(r"(?:^|,)gres[/:]gpu(?::[A-Za-z0-9_.-]{1,64})?[:=]([0-9]{1,6})(?=,|$)")
+_TRES_BIND = re.compile(r"(?:^|[+;])(?:gres[/:])?gpu:([^+;]*)")
+
+
+def tres_gpus(text: str) -> int | None:
+    """The GPU count a TRES list (SLURM_TRES_PER_TASK, SLURM_TRES_PER_NODE) names, if any."""
+    match = _TRES_GPUS.search(text.strip())
+    return int(match.group(1)) if match else None
+
+
+def gpus_per_task(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """(GPUs per task, the variable that says so) where Slurm says it: SLURM_TRES_PER_TASK, else
+    SLURM_GPUS_PER_TASK (`1`, `h100:1`)."""
+    tres = environ.get("SLURM_TRES_PER_TASK", "")
+    if tres_gpus(tres):
+        return tres_gpus(tres), f"SLURM_TRES_PER_TASK={tres}"
+    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]
+    if per_task:
+        count = whole_number(per_task, "SLURM_GPUS_PER_TASK", 0, MAX_NODE_GPUS, _fix("SLURM"))
+        return (count, f"SLURM_GPUS_PER_TASK={environ['SLURM_GPUS_PER_TASK']}") if count else None
+    return None
+
+
+def gpu_binding(environ: Mapping[str, str]) -> str | None:
+    """The GPU part of SLURM_TRES_BIND (`gres/gpu:closest` -> `closest`, also `gpu:` and
+    `gres:gpu:`), None where it names no GPU binding."""
+    match = _TRES_BIND.search(environ.get("SLURM_TRES_BIND", "").strip())
+    return match.group(1) if match else None
+
+
+def slurm_node_gpus(environ: Mapping[str, str]) -> int | None:
+    """The GPUs Slurm gave this job on this node: SLURM_GPUS_ON_NODE, else the length of
+    SLURM_STEP_GPUS or SLURM_JOB_GPUS (`0,1,2,3`); None where Slurm says nothing. A task that
+    Slurm's cgroup keeps to its own GPU cannot count the node's through NVML, which then lists
+    the node's GPUs but opens only its own."""
+    if environ.get("SLURM_GPUS_ON_NODE", "").strip():
+        return _integer(environ, "SLURM_GPUS_ON_NODE", 0, MAX_NODE_GPUS)
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        listed = environ.get(name, "").strip()
+        if listed:
+            entries = listed.split(",", MAX_NODE_GPUS)
+            if len(entries) > MAX_NODE_GPUS or not all(entry.strip() for entry in entries):
+                raise UserError(
+                    f"{name}={shown(listed)} is not a list of at most {MAX_NODE_GPUS} GPUs: "
+                    "run the tasks with srun, which sets it"
+                )
+            return len(entries)
+    return None
+
+
+def _gpus_per_node(environ: Mapping[str, str]) -> int | None:
+    """The GPUs per node the job asked for, where Slurm exports it (SLURM_GPUS_PER_NODE,
+    SLURM_TRES_PER_NODE)."""
+    per_node = environ.get("SLURM_GPUS_PER_NODE", "").rpartition(":")[2]
+    if per_node:
+        return whole_number(per_node, "SLURM_GPUS_PER_NODE", 0, MAX_NODE_GPUS, _fix("SLURM"))
+    return tres_gpus(environ.get("SLURM_TRES_PER_NODE", ""))
+
+
+_EQUAL_FIX = (
+    "give every worker the same number of GPUs (the same --ntasks-per-node on every node with "
+    "--gpus-per-node=N, or --gpus-per-task)"
+)
+
+
+def check_equal_gpus(
+    environ: Mapping[str, str], nodes: list[str], counts: list[int], node: int, gpus: int,
+    bound: bool,
+) -> None:  # fmt: skip
+    """Refuse, before anything waits, a step whose workers would compute on unequal numbers of
+    GPUs: TensorFlow's collectives assume the same count on every worker and fail at the first
+    all-reduce. `gpus` is this node's GPUs (Slurm's), `bound` whether Slurm bound them to tasks.
+
+    One task sees its own node's GPUs (SLURM_GPUS_ON_NODE), the step's tasks per node, and the
+    job's request where Slurm exports it. Detected here: nodes running different numbers of
+    tasks that share their GPUs unbound, where this node's tasks share them, or the job asked
+    for the same GPUs on every node (SLURM_GPUS_PER_NODE, SLURM_TRES_PER_NODE); and a job total
+    (SLURM_GPUS, from --gpus) that this node's count times the step's nodes does not make, the
+    step spanning the job's nodes (SLURM_JOB_NUM_NODES): Slurm spread them unevenly. Not
+    detectable: another node's count where the job asked for neither (--gres=gpu:N gives N on
+    every node) and this task is alone on its node; that node's own task refuses there, where
+    the counts do not divide (`gpu_share`). Tasks bound to GPUs get the same count each."""
+    if not gpus or bound:
+        return
+    if len(set(counts)) > 1 and (counts[node] > 1 or _gpus_per_node(environ)):
+        firsts = {count: nodes[i] for i, count in reversed(list(enumerate(counts)))}
+        example = ", ".join(f"{host}: {count}" for count, host in sorted(firsts.items()))
+        raise UserError(
+            f"the step's nodes run different numbers of tasks ({example}, by "
+            "SLURM_STEP_TASKS_PER_NODE) that share their GPUs unbound, so its workers would "
+            f"compute on unequal numbers of GPUs: {_EQUAL_FIX}"
+        )
+    total = environ.get("SLURM_GPUS", "").rpartition(":")[2]
+    job_nodes = environ.get("SLURM_JOB_NUM_NODES", "")
+    if not total or not job_nodes:
+        return
+    total_gpus = whole_number(total, "SLURM_GPUS", 0, MAX_TASKS, _fix("SLURM"))
+    if _integer(environ, "SLURM_JOB_NUM_NODES", 1) == len(nodes) != 0 and (
+        total_gpus != gpus * len(nodes)
+    ):
+        raise UserError(
+            f"{nodes[node]} has {gpus} of the job's SLURM_GPUS={total_gpus} GPUs over "
+            f"{len(nodes)} nodes: Slurm spread them unevenly, so its workers would compute on "
+            f"unequal numbers of GPUs: {_EQUAL_FIX}"
+        )
 
 
 def cpu_warning(cpus: int, gpus: int, origin: str) -> str | None:
@@ -307,10 +556,12 @@ class SlurmCluster:
         the node's GPU count."""
         nodes_var = _first_set(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
         counts_var = _first_set(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-        total_var = _first_set(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+        total_var = "SLURM_STEP_NUM_TASKS"  # the tasks of this step: never the job's
+        total = step_tasks(environ)
+        _first_set(environ, total_var)
         nodes = expand_nodelist(environ[nodes_var], nodes_var)
         counts = expand_tasks_per_node(environ[counts_var], len(nodes), counts_var, nodes_var)
-        total, index = _integer(environ, total_var), _integer(environ, "SLURM_PROCID")
+        index = _integer(environ, "SLURM_PROCID")
         if sum(counts) != total:
             raise UserError(
                 f"{counts_var}={environ[counts_var]} places {sum(counts)} tasks but "
@@ -333,9 +584,12 @@ class SlurmCluster:
             for name, count in zip(nodes, counts, strict=True)
             for i in range(count)
         )
+        bound = _bound_by_slurm(environ, visible_gpus, node_gpus, counts[node])
+        check_equal_gpus(environ, nodes, counts, node, node_gpus if visible_gpus else 0, bound)
         gpus, layout = gpu_share(environ, visible_gpus, node_gpus, local, counts[node])
         if environ.get("SLURM_CPUS_PER_TASK"):
-            cpus, cpus_from = _integer(environ, "SLURM_CPUS_PER_TASK"), "SLURM_CPUS_PER_TASK"
+            cpus = _integer(environ, "SLURM_CPUS_PER_TASK", 1)
+            cpus_from = "SLURM_CPUS_PER_TASK"
         else:
             cpus, cpus_from = len(os.sched_getaffinity(0)), "this process's CPU affinity"
         return cls(
@@ -406,7 +660,7 @@ def _check_placement(
             f"Slurm task {index} should be on {host} by {nodes_var}={environ[nodes_var]} "
             f"but SLURMD_NODENAME is {node_name}{why}: {_BLOCK_ADVICE}"
         )
-    if "SLURM_LOCALID" in environ and _integer(environ, "SLURM_LOCALID") != local:
+    if environ.get("SLURM_LOCALID") and _integer(environ, "SLURM_LOCALID") != local:
         raise UserError(
             f"Slurm task {index} should be local task {local} on {host} by "
             f"{counts_var}={environ[counts_var]} but SLURM_LOCALID is "
@@ -429,10 +683,6 @@ def _required(environ: Mapping[str, str], name: str) -> str:
     return environ[_first_set(environ, name)]
 
 
-def _integer(environ: Mapping[str, str], name: str) -> int:
-    """A whole-number variable, refused by name where it is missing or is not one."""
-    text = _required(environ, name).strip()
-    if not text.isdigit():
-        fix = "run the tasks with srun, which sets it" if name.startswith("SLURM") else "unset it"
-        raise UserError(f"{name}={text!r} is not a whole number: correct it or {fix}")
-    return int(text)
+def _integer(environ: Mapping[str, str], name: str, low: int = 0, high: int = MAX_TASKS) -> int:
+    """A whole-number variable, refused by name where it is missing or is not one in range."""
+    return whole_number(_required(environ, name), name, low, high, _fix(name))

@@ -24,9 +24,10 @@ TORCHRUN = {
     "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu07",
     "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none",
 }  # fmt: skip
-SLURM = {
-    "SLURM_PROCID": "4", "SLURM_NTASKS": "6", "SLURM_LOCALID": "0",
-    "SLURM_STEP_NODELIST": "node[03-05]", "SLURM_JOB_ID": "1234",
+SLURM = {  # a task of `srun -N3 -n6` as srun sets it (the step's own variables)
+    "SLURM_PROCID": "4", "SLURM_NTASKS": "6", "SLURM_STEP_NUM_TASKS": "6", "SLURM_LOCALID": "0",
+    "SLURM_STEP_NODELIST": "node[03-05]", "SLURM_STEP_TASKS_PER_NODE": "2(x3)",
+    "SLURM_JOB_ID": "1234",
 }  # fmt: skip
 
 
@@ -61,10 +62,12 @@ def test_slurm_tasks_find_rank_0_on_the_first_node_and_agree_on_a_port():
     assert workers_from_environment(SLURM) == Workers(6, 4, 0, "node03", port, "slurm")
     # The step's own count and node list first; MASTER_ADDR and MASTER_PORT where set.
     step = {**SLURM, "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "gpu[10,8]"}
+    step["SLURM_STEP_TASKS_PER_NODE"] = "4,1"
     assert workers_from_environment(step).world_size == 5
     assert workers_from_environment(step).master_addr == "gpu10"
     job = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_NODELIST"}
     job["SLURM_JOB_NODELIST"] = "m1,node[03-05]"
+    job["SLURM_STEP_TASKS_PER_NODE"] = "1,1,2,2"
     assert workers_from_environment(job).master_addr == "m1"
     given = {**SLURM, "MASTER_ADDR": "head", "MASTER_PORT": "23456"}
     given = workers_from_environment(given)
@@ -97,8 +100,8 @@ def test_one_task_or_no_launcher_is_a_single_worker():
         ({**TORCHRUN, "MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
         ({**SLURM, "SLURM_PROCID": "a"}, "SLURM_PROCID='a' is not a whole number"),
         ({**SLURM, "SLURM_NTASKS": "six"}, "SLURM_NTASKS='six' is not a whole number"),
-        ({**SLURM, "SLURM_PROCID": "6"}, "SLURM_PROCID=6 is out of range for SLURM_NTASKS=6"),
-        ({**SLURM, "SLURM_NTASKS": "0", "SLURM_PROCID": "0"}, "SLURM_NTASKS=0 must be at least"),
+        ({**SLURM, "SLURM_PROCID": "6"}, "SLURM_PROCID=6 is out of range for SLURM_STEP"),
+        ({**SLURM, "SLURM_NTASKS": "0", "SLURM_PROCID": "0"}, "SLURM_NTASKS='0' is not a whole"),
         ({k: v for k, v in SLURM.items() if k != "SLURM_LOCALID"}, "SLURM_LOCALID is not set"),
         ({**SLURM, "SLURM_LOCALID": "x"}, "SLURM_LOCALID='x' is not a whole number"),
         ({k: v for k, v in SLURM.items() if k != "SLURM_JOB_ID"}, "SLURM_JOB_ID"),

@@ -132,11 +132,14 @@ def test_two_tasks_per_node_are_consecutive_tasks_on_consecutive_ports(procid, h
     assert (task.host, task.local_index, task.tasks_on_node) == (host, local, 2)
 
 
-def test_the_job_variables_stand_in_for_missing_step_ones():
+def test_the_job_node_list_stands_in_for_the_steps_but_tasks_are_the_steps_own():
+    """The tasks of the step come from SLURM_STEP_NUM_TASKS only (the job's SLURM_NTASKS may
+    count more); the job's node list and tasks per node stand in for the step's."""
     environ = {
         "SLURM_JOB_ID": "42",
         "SLURM_PROCID": "2",
-        "SLURM_NTASKS": "3",
+        "SLURM_NTASKS": "6",
+        "SLURM_STEP_NUM_TASKS": "3",
         "SLURM_JOB_NODELIST": "n[1-2]",
         "SLURM_TASKS_PER_NODE": "2,1",
     }
@@ -508,3 +511,27 @@ def test_a_share_set_by_hand_under_srun_is_refused_in_one_line(visible, local, t
         "HPCAI500_WORKER_GPUS='0' is set under srun, where Slurm hands out the GPUs: unset it "
         "(it is `--workers N`'s share of a node's GPUs for one worker)"
     )
+
+
+# ------------------------------------------------------------------ Slurm's own words for GPUs
+
+
+@pytest.mark.parametrize(
+    "text, count",
+    [("cpu=8,gres/gpu=1", 1), ("gres/gpu:2", 2), ("gres:gpu:4", 4), ("gres/gpu:h200:8", 8),
+     ("cpu=8,gres/gpu:h200=2,mem=1G", 2), ("cpu=8", None), ("gres/gpuX:1", None), ("", None)],
+)  # fmt: skip
+def test_the_gpu_count_of_a_tres_list_in_each_versions_form(text, count):
+    assert slurm.tres_gpus(text) == count
+
+
+@pytest.mark.parametrize(
+    "bind, visible, bound",
+    [("gres/gpu:closest", ["0"], True), ("gpu:map_gpu:0,1", ["1"], True),
+     ("gres/gpu:none", ["0"], False), ("gres:gpu:verbose,none", ["0"], False), ("", ["0"], True)],
+)  # fmt: skip
+def test_a_binding_slurm_names_decides_and_none_means_unbound(bind, visible, bound):
+    """Eight tasks on a node Slurm gave 8 GPUs; without SLURM_TRES_BIND (Slurm 22.05), a task
+    seeing fewer GPUs than Slurm gave its node is bound."""
+    environ = {"SLURM_TRES_BIND": bind} if bind else {}
+    assert slurm._bound_by_slurm(environ, visible, 8, 8) is bound

@@ -18,6 +18,7 @@ from hpcai500_tf.benchmark_layers import (
     computing_gpus,
     gpu_selection,
     nvml_text,
+    unreadable_gpus_note,
 )
 
 # Where Linux exposes RAPL; HPCAI500_POWERCAP_ROOT points elsewhere (a container that mounts
@@ -83,7 +84,9 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
     out and anything in the variable that is no GPU here; MIG instances are out of scope (no
     GPU source: a board's counter would count the other instances too). Sources are named by
     NVML index ("gpu2"), which is the same whatever the variable says, and carry the GPU's UUID
-    (how the chief of a multi-worker run counts a board that two workers see once).
+    (how the chief of a multi-worker run counts a board that two workers see once). GPUs that
+    NVML lists but will not open (NoPermission, where Slurm's cgroup keeps a task to its own)
+    are skipped and named in the note; CUDA's indices are positions among the others.
 
     `nvml` is the pynvml module or a stand-in with the same functions (tests)."""
     if nvml is None:
@@ -98,15 +101,24 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
         return [], f"NVML unavailable ({error})"
     if count == 0:
         return [], "NVML reports no GPU"
-    handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
-    models = [nvml_text(nvml.nvmlDeviceGetName(handle)) for handle in handles]
-    uuids = [_uuid(nvml, handle) for handle in handles]
-    chosen, problem = computing_gpus(os.environ, uuids)
-    if chosen is None:
-        return [], problem
-    sources = [_nvml_source(nvml, i, handles[i], models[i], uuids[i]) for i in chosen]
-    left_out = [f"gpu{i} ({models[i]})" for i in range(count) if i not in chosen]
-    notes = [problem] if problem else []
+    opened, denied = [], []  # (NVML index, handle, model) of the GPUs this process may open
+    for index in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            opened.append((index, handle, nvml_text(nvml.nvmlDeviceGetName(handle))))
+        except nvml.NVMLError as error:  # NoPermission: a cgroup keeps this task to others
+            denied.append((index, error))
+    uuids = [_uuid(nvml, handle) for _, handle, _ in opened]
+    chosen, problem = computing_gpus(os.environ, uuids)  # positions in `opened`: CUDA's order
+    skipped = unreadable_gpus_note(denied)
+    if chosen is None or not opened:
+        return [], "; ".join(filter(None, (skipped, problem))) or None
+    sources = []
+    for position in chosen:
+        index, handle, model = opened[position]
+        sources.append(_nvml_source(nvml, index, handle, model, uuids[position]))
+    left_out = [f"gpu{i} ({model})" for n, (i, _, model) in enumerate(opened) if n not in chosen]
+    notes = [note for note in (skipped, problem) if note]
     if left_out:
         # a worker's share: the other workers count the rest (the chief gathers them)
         whose = "this worker computes on" if WORKER_GPUS in os.environ else "this run uses"

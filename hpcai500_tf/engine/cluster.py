@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf import benchmark_layers, slurm
 from hpcai500_tf.benchmark_layers import WORKER_GPUS
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.slurm import SlurmCluster, check_port_free, port_free
+from hpcai500_tf.slurm import SlurmCluster, check_port_free, port_free, shown
 
 SINGLE_WORKER = "a single worker (no TF_CONFIG, not under srun)"
 
@@ -41,6 +42,10 @@ def parse_tf_config(text: str) -> dict:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise UserError(f"TF_CONFIG is not valid JSON ({error.msg})") from None
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        raise UserError("TF_CONFIG holds a number of more than 4,300 digits") from None
+    except RecursionError:
+        raise UserError("TF_CONFIG is nested too deeply to be a cluster") from None
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise UserError('TF_CONFIG needs a "cluster" object, e.g. {"worker": ["host:port", ...]}')
     task = config.get("task")
@@ -50,19 +55,24 @@ def parse_tf_config(text: str) -> dict:
     for job, addresses in cluster.items():
         if job not in ("chief", "worker"):
             raise UserError(f"TF_CONFIG: job '{job}' is not supported (chief and worker only)")
-        if not isinstance(addresses, list) or not addresses:
-            raise UserError(f"TF_CONFIG: cluster.{job} must be a non-empty list of host:port")
+        if not isinstance(addresses, list) or not 0 < len(addresses) <= slurm.MAX_TASKS:
+            raise UserError(
+                f"TF_CONFIG: cluster.{job} must be a list of 1 to {slurm.MAX_TASKS:,} host:port"
+            )
         for address in addresses:
             host, _, port = str(address).rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise UserError(f"TF_CONFIG: '{address}' in cluster.{job} is not host:port")
+            if not host or not re.fullmatch("[0-9]{1,5}", port) or not 0 < int(port) < 65536:
+                raise UserError(
+                    f"TF_CONFIG: {shown(str(address))} in cluster.{job} is not host:port "
+                    "(a port from 1 to 65535)"
+                )
     kind, index = task["type"], task["index"]
     if kind not in cluster:
-        raise UserError(f"TF_CONFIG: task type '{kind}' is not a job of the cluster")
-    if not isinstance(index, int) or not 0 <= index < len(cluster[kind]):
+        raise UserError(f"TF_CONFIG: task type {shown(str(kind))} is not a job of the cluster")
+    if type(index) is not int or not 0 <= index < len(cluster[kind]):
         raise UserError(
-            f"TF_CONFIG: task index {index!r} is out of range for {len(cluster[kind])} "
-            f"{kind} address(es)"
+            f"TF_CONFIG: task index {shown(str(index))[1:-1]} is out of range for "
+            f"{len(cluster[kind])} {kind} address(es)"
         )
     return config
 
@@ -73,10 +83,11 @@ def own_address(config: dict) -> str:
 
 
 def under_slurm(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process is one of several tasks of a Slurm step (`srun`)."""
+    """Whether this process is one of several tasks of a Slurm step (`srun`): by
+    SLURM_STEP_NUM_TASKS, never the job's SLURM_NTASKS (a batch script running `train` with
+    several tasks in its job and no srun is refused in one line, `slurm.step_tasks`)."""
     environ = os.environ if environ is None else environ
-    tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1"
-    return "SLURM_PROCID" in environ and tasks.isdigit() and int(tasks) > 1
+    return slurm.step_tasks(environ) > 1  # SLURM_STEP_NUM_TASKS, read strictly
 
 
 def cluster_in_environment() -> str | None:
@@ -89,21 +100,31 @@ def cluster_in_environment() -> str | None:
 def strategy_overrides(launching_workers: bool, framework: str = "tensorflow") -> list[str]:
     """The config override a run takes from its environment: multi_worker when this process
     launches workers (--workers N) or is one task of a cluster (srun, TF_CONFIG; for PyTorch,
-    also torchrun's WORLD_SIZE above 1)."""
+    also torchrun's WORLD_SIZE above 1). A task's cluster (TF_CONFIG for TensorFlow; Slurm's
+    step for both frameworks) is checked here, its hosts resolved, in one line, before the
+    framework loads."""
     torch_workers = framework == "pytorch" and os.environ.get("WORLD_SIZE", "1") not in ("", "1")
-    if launching_workers or torch_workers or cluster_in_environment():
+    found = None if launching_workers or torch_workers else cluster_in_environment()
+    if launching_workers or torch_workers or found:
         if not node_gpu_count() and benchmark_layers.amd_gpus()[0]:
             raise UserError(
                 "multi-worker runs on AMD GPUs are not built yet (GPUs are handed out by "
                 "CUDA_VISIBLE_DEVICES and NVML here): run one worker per node, without "
                 "--workers, srun or TF_CONFIG"
             )
+        torch_variables = {"RANK", "WORLD_SIZE"} & set(os.environ)  # torchrun's, read there
+        if framework == "tensorflow" and found == "TF_CONFIG":
+            check_hosts_resolve(parse_tf_config(os.environ["TF_CONFIG"])["cluster"], found)
+        elif found == "Slurm" and not (framework == "pytorch" and torch_variables):
+            check_hosts_resolve({"worker": slurm_cluster().addresses}, found)
         return ["training.strategy=multi_worker"]
     return []
 
 
 def _nvml_gpu_count() -> int | None:
-    """NVIDIA GPUs on this node by NVML (nvidia-ml-py), or None when NVML cannot be used."""
+    """NVIDIA GPUs this process can open by NVML (nvidia-ml-py), or None when NVML cannot be
+    used. A task that a cgroup keeps to some of the node's GPUs sees the others listed but
+    gets NVML's NoPermission for them: they are not counted."""
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError:
@@ -113,11 +134,27 @@ def _nvml_gpu_count() -> int | None:
     except pynvml.NVMLError:
         return None
     try:
-        return int(pynvml.nvmlDeviceGetCount())
+        return sum(_nvml_opens(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount()))
     except pynvml.NVMLError:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+def _nvml_opens(pynvml, index: int) -> bool:
+    try:
+        pynvml.nvmlDeviceGetHandleByIndex(index)
+    except pynvml.NVMLError:
+        return False
+    return True
+
+
+def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
+    """The GPUs of this node for this process: Slurm's count where Slurm gives one
+    (SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS: `slurm.slurm_node_gpus`), else `node_gpu_count`."""
+    environ = os.environ if environ is None else environ
+    from_slurm = slurm.slurm_node_gpus(environ)
+    return node_gpu_count() if from_slurm is None else from_slurm
 
 
 def node_gpu_count() -> int:
@@ -170,7 +207,7 @@ def slurm_cluster(
     """This Slurm task's cluster, GPUs and CPUs, checked; `node_gpus` is the node's GPU count
     (looked up when None)."""
     environ = os.environ if environ is None else environ
-    node_gpus = node_gpu_count() if node_gpus is None else node_gpus
+    node_gpus = gpus_on_node(environ) if node_gpus is None else node_gpus
     return SlurmCluster.from_environment(environ, visible_gpus(environ, node_gpus), node_gpus)
 
 
@@ -217,7 +254,7 @@ def cluster_resolver():
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(), "TF_CONFIG"
     if not under_slurm():
         return None, SINGLE_WORKER
-    node_gpus = node_gpu_count()
+    node_gpus = gpus_on_node(os.environ)
     visible = visible_gpus(os.environ, node_gpus)
     task = slurm_cluster(os.environ, node_gpus)
     task.check_port()
@@ -235,12 +272,25 @@ def cluster_resolver():
     return resolver, "Slurm"
 
 
+def check_hosts_resolve(cluster_spec: dict, found: str) -> None:
+    """Refuse a cluster (a ClusterSpec's `as_dict()`) one of whose hosts does not resolve, in
+    one line naming it, before any worker waits for it (`slurm.check_hosts_resolve`)."""
+    addresses = [
+        address
+        for job in cluster_spec.values()
+        for address in (job.values() if isinstance(job, dict) else job)
+    ]
+    hosts = [address.rpartition(":")[0].strip("[]") for address in addresses]
+    where = "the Slurm step's node list" if found == "Slurm" else found
+    slurm.check_hosts_resolve(hosts, where)
+
+
 def cluster_plan(environ: Mapping[str, str] | None = None, node_gpus: int | None = None) -> dict:
     """The cluster this process would join, found as `cluster_resolver` finds it, without
     TensorFlow and without waiting: every worker's address, this one's index, host, GPUs,
     CPUs, port and the collective `communication.collective=auto` would run."""
     environ = os.environ if environ is None else environ
-    node_gpus = node_gpu_count() if node_gpus is None else node_gpus
+    node_gpus = gpus_on_node(environ) if node_gpus is None else node_gpus
     if under_slurm(environ) and not environ.get("TF_CONFIG"):
         plan = {"found": "Slurm", **slurm_cluster(environ, node_gpus).to_json()}
     else:

@@ -54,6 +54,7 @@ def make_strategy(
             implementation=_IMPLEMENTATIONS[collective]
         )
         if resolver is not None:
+            cluster.check_hosts_resolve(resolver.cluster_spec().as_dict(), found)
             watch_peers(resolver.cluster_spec(), communication.timeout_s)
         seconds = communication.join_timeout_s
         where = "" if resolver is None else f" ({found}: {resolver.cluster_spec().as_dict()})"

@@ -3,11 +3,13 @@
 Who the workers are comes from the environment of whatever started them:
 - `torchrun` (and the project's own launcher, `--workers N`, hpcai500_tf/launch.py
   `torch_environments`): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
-- Slurm's `srun`: SLURM_PROCID, SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), SLURM_LOCALID, rank 0
-  on the first host of the step's node list (Slurm's default block distribution), and a port
+- Slurm's `srun`: the step read as the TensorFlow side reads it (engine/cluster.py
+  `slurm_cluster`: SLURM_PROCID, SLURM_STEP_NUM_TASKS, never the job's SLURM_NTASKS,
+  SLURM_LOCALID, the node list and tasks per node, each task's GPUs from Slurm's), rank 0 on
+  the first host of the step's node list (Slurm's default block distribution), and a port
   every task works out alone: MASTER_PORT, else the TensorFlow side's Slurm port plan
   (hpcai500_tf/slurm.py `port_plan`: HPCAI500_SLURM_PORT_BASE, srun --resv-ports, else
-  from SLURM_JOB_ID);
+  from SLURM_JOB_ID). A task with several GPUs is refused (a worker trains on one);
 - neither: one worker, and nothing here talks to anyone.
 
 Gradients are averaged by DistributedDataParallel (NCCL on GPUs, gloo on the CPU), each
@@ -30,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from hpcai500_tf import slurm
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.slurm import expand_nodelist, port_plan
 
 TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -106,39 +108,38 @@ def _from_torch_variables(env: Mapping[str, str]) -> Workers:
 
 
 def _from_slurm(env: Mapping[str, str]) -> Workers:
+    """A Slurm task's place among the step's workers, read as the TensorFlow side reads it
+    (engine/cluster.py `slurm_cluster`: the step's own task count, node list and tasks per node,
+    bounded and checked, this task's GPUs from Slurm's), before anything waits."""
     fix = "run the tasks with srun, which sets it"
-    world_var = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
-    if not env.get(world_var):
-        raise UserError(f"SLURM_PROCID is set but SLURM_NTASKS is not: {fix}")
-    world = _whole(env, world_var, fix)
-    rank = _whole(env, "SLURM_PROCID", fix)
-    _check_rank(rank, "SLURM_PROCID", world, world_var)
+    world = slurm.step_tasks(env)  # SLURM_STEP_NUM_TASKS; a batch script's job is refused
     if world == 1:  # one task (as engine/cluster.py `under_slurm` counts it): nothing to join
         return SINGLE
     if not env.get("SLURM_LOCALID"):
         raise UserError(f"SLURM_LOCALID is not set: {fix}")
-    local = _whole(env, "SLURM_LOCALID", fix)
+    from hpcai500_tf.engine import cluster  # no TensorFlow there
+
+    task = cluster.slurm_cluster(env)
+    if len(task.gpus) > 1:  # the devices this worker takes: one (init_process_group)
+        raise UserError(
+            f"this Slurm task has {len(task.gpus)} GPUs ({task.gpu_layout}) but a PyTorch "
+            "worker trains on one, which would leave the others idle: start one task per GPU "
+            f"(srun --ntasks-per-node={task.tasks_on_node * len(task.gpus)}, or TASK_PER=gpu "
+            "with tools/slurm_train.sbatch)"
+        )
     if env.get("MASTER_ADDR", "").strip():
         address = env["MASTER_ADDR"].strip()
     else:
-        nodes_var = next(
-            (v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if env.get(v)), None
-        )
-        if nodes_var is None:
-            raise UserError(f"SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) is not set: {fix}")
-        address = expand_nodelist(env[nodes_var], nodes_var)[0]  # task 0's, by block or cyclic
+        address = task.addresses[0].rpartition(":")[0]  # task 0's node, by block or cyclic
     if env.get("MASTER_PORT", "").strip():
         port = _port(env, "set it to a free port, or unset it")
     else:
-        port = port_plan(env, 1).ports[0]  # local task 0's port of the TensorFlow side's plan
-    return Workers(world, rank, local, address, port, "slurm")
+        port = task.ports.ports[0]  # local task 0's port of the TensorFlow side's plan
+    return Workers(world, task.index, task.local_index, address, port, "slurm")
 
 
 def _whole(env: Mapping[str, str], name: str, fix: str) -> int:
-    text = env[name].strip()
-    if not (text.isascii() and text.isdigit()):
-        raise UserError(f"{name}={text!r} is not a whole number: {fix}")
-    return int(text)
+    return slurm.whole_number(env[name], name, 0, slurm.MAX_TASKS, fix)
 
 
 def _check_rank(rank: int, rank_var: str, world: int, world_var: str) -> None:
@@ -152,8 +153,8 @@ def _check_rank(rank: int, rank_var: str, world: int, world_var: str) -> None:
 
 def _port(env: Mapping[str, str], fix: str) -> int:
     text = env["MASTER_PORT"].strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
-        raise UserError(f"MASTER_PORT={text!r} is not a port from 1 to 65535: {fix}")
+    if re.fullmatch("[0-9]{1,5}", text) is None or not 1 <= int(text) <= 65535:
+        raise UserError(f"MASTER_PORT={slurm.shown(text)} is not a port from 1 to 65535: {fix}")
     return int(text)
 
 
@@ -188,6 +189,8 @@ def init_process_group(torch, workers: Workers, device, timeout_s: float):
     else:
         backend = "gloo"
     where = f"{workers.master_addr}:{workers.master_port}"
+    # c10d would retry a name that does not resolve past its timeout, warning at each try
+    slurm.check_hosts_resolve([workers.master_addr], f"this {workers.source} run (rank 0's)")
     try:
         dist.init_process_group(
             backend=backend,

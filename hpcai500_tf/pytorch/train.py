@@ -37,6 +37,7 @@ from pathlib import Path
 
 from hpcai500_tf import benchmark_layers
 from hpcai500_tf.config import Setup, peak_learning_rate, precision_policy_on
+from hpcai500_tf.engine.cluster import JoinWatchdog
 from hpcai500_tf.errors import UserError, first_line
 from hpcai500_tf.lifecycle import Failure, RunOptions
 from hpcai500_tf.lifecycle import run as run_lifecycle
@@ -157,7 +158,14 @@ class TorchTrainer:
                 "workers (--workers N, torchrun or srun)"
             )
         timeout_s = setup.communication.timeout_s or 1800.0
-        self.device = distributed.init_process_group(torch, self.placement, device, timeout_s)
+        join_s = setup.communication.join_timeout_s if self.placement.several else 0
+        message = (
+            f"not every worker joined within {join_s:g} s (rank 0 at "
+            f"{self.placement.master_addr}:{self.placement.master_port}); check that all were "
+            "started (communication.join_timeout_s)"
+        )
+        with JoinWatchdog(join_s, message):  # the rendezvous ends by its deadline, not c10d's
+            self.device = distributed.init_process_group(torch, self.placement, device, timeout_s)
         self.global_batch = t.batch_per_replica * self.workers
         # TensorFlow feeds the data from a process of its own (see pytorch/feeder.py): this
         # worker's part of the training and evaluation data, a replica's batch at a time.
