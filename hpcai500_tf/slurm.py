@@ -379,11 +379,11 @@ def _bound_by_slurm(
     environ: Mapping[str, str], visible: list[str], node_gpus: int, tasks_on_node: int
 ) -> bool:
     """Whether Slurm gave this task GPUs of its own (--gpus-per-task, --ntasks-per-gpu,
-    --gpu-bind), as Slurm says it: a GPU binding other than `none` (SLURM_TRES_BIND), or a
-    count of GPUs per task (SLURM_TRES_PER_TASK from Slurm 23.11, SLURM_GPUS_PER_TASK where a
-    version passes it) that the task sees no more than. Slurm 22.05 says neither to a task:
-    there, a task bound where it sees fewer GPUs than Slurm gave its node
-    (SLURM_GPUS_ON_NODE, `node_gpus`) and no more than the node has tasks."""
+    --gpu-bind), as Slurm says it: a GPU binding other than `none` (SLURM_TRES_BIND, or
+    SLURMD_TRES_BIND as 22.05 gives it), or a count of GPUs per task (SLURM_TRES_PER_TASK from
+    Slurm 23.11, SLURM_GPUS_PER_TASK where a version passes it) that the task sees no more
+    than. Where Slurm says neither, a task is bound where it sees fewer GPUs than Slurm gave
+    its node (SLURM_GPUS_ON_NODE, `node_gpus`) and no more than the node has tasks."""
     binding = gpu_binding(environ)
     if binding is not None and "none" in binding.split(","):
         return False
@@ -422,9 +422,14 @@ def gpus_per_task(environ: Mapping[str, str]) -> tuple[int, str] | None:
 
 def gpu_binding(environ: Mapping[str, str]) -> str | None:
     """The GPU part of SLURM_TRES_BIND (`gres/gpu:closest` -> `closest`, also `gpu:` and
-    `gres:gpu:`), None where it names no GPU binding."""
-    match = _TRES_BIND.search(environ.get("SLURM_TRES_BIND", "").strip())
-    return match.group(1) if match else None
+    `gres:gpu:`), else of SLURMD_TRES_BIND, which Slurm 22.05 gives every task of a step
+    (`gpu:per_task:1` under --gpus-per-task, `gpu:none` under --gpu-bind=none); None where
+    neither names a GPU binding."""
+    for name in ("SLURM_TRES_BIND", "SLURMD_TRES_BIND"):
+        match = _TRES_BIND.search(environ.get(name, "").strip())
+        if match:
+            return match.group(1)
+    return None
 
 
 def slurm_node_gpus(environ: Mapping[str, str]) -> int | None:

@@ -526,12 +526,18 @@ def test_the_gpu_count_of_a_tres_list_in_each_versions_form(text, count):
 
 
 @pytest.mark.parametrize(
-    "bind, visible, bound",
-    [("gres/gpu:closest", ["0"], True), ("gpu:map_gpu:0,1", ["1"], True),
-     ("gres/gpu:none", ["0"], False), ("gres:gpu:verbose,none", ["0"], False), ("", ["0"], True)],
+    "variable, bind, visible, bound",
+    [("SLURM_TRES_BIND", "gres/gpu:closest", ["0"], True),
+     ("SLURM_TRES_BIND", "gpu:map_gpu:0,1", ["1"], True),
+     ("SLURM_TRES_BIND", "gres/gpu:none", ["0"], False),
+     ("SLURM_TRES_BIND", "gres:gpu:verbose,none", ["0"], False),
+     ("SLURMD_TRES_BIND", "gpu:per_task:1", ["0"], True),
+     ("SLURMD_TRES_BIND", "gpu:none", ["0"], False),
+     (None, "", ["0"], True)],
 )  # fmt: skip
-def test_a_binding_slurm_names_decides_and_none_means_unbound(bind, visible, bound):
-    """Eight tasks on a node Slurm gave 8 GPUs; without SLURM_TRES_BIND (Slurm 22.05), a task
-    seeing fewer GPUs than Slurm gave its node is bound."""
-    environ = {"SLURM_TRES_BIND": bind} if bind else {}
+def test_a_binding_slurm_names_decides_and_none_means_unbound(variable, bind, visible, bound):
+    """Eight tasks on a node Slurm gave 8 GPUs: SLURM_TRES_BIND decides, else Slurm 22.05's
+    SLURMD_TRES_BIND (as tests/test_real_slurm.py captures it); without either, a task seeing
+    fewer GPUs than Slurm gave its node is bound."""
+    environ = {variable: bind} if variable else {}
     assert slurm._bound_by_slurm(environ, visible, 8, 8) is bound

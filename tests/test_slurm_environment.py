@@ -149,8 +149,8 @@ def _per_gpu_task(local: int, **extra) -> dict:
     "tres",
     [{"SLURM_TRES_PER_TASK": "cpu=8,gres/gpu=1"}, {"SLURM_TRES_PER_TASK": "gres/gpu:1"},
      {"SLURM_TRES_PER_TASK": "gres:gpu:h200:1"}, {"SLURM_TRES_BIND": "gres/gpu:per_task:1"},
-     {"SLURM_GPUS_PER_TASK": "1"}, {}],
-    ids=["23.11", "colon", "typed", "tres-bind", "gpus-per-task", "22.05"],
+     {"SLURM_GPUS_PER_TASK": "1"}, {"SLURMD_TRES_BIND": "gpu:per_task:1"}, {}],
+    ids=["23.11", "colon", "typed", "tres-bind", "gpus-per-task", "22.05", "no-binding-named"],
 )  # fmt: skip
 def test_a_task_slurm_bound_to_one_gpu_computes_on_it_whatever_nvml_counts(monkeypatch, tres):
     """Issue 36 item 2: NVML inside the restricted task answers 1 GPU (or 8, of which it may
