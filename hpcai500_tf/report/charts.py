@@ -156,7 +156,7 @@ def epoch_throughput_chart(epochs: list[tuple[float, float]]) -> str:
     axes.yaxis.set_major_formatter(EngFormatter(sep=""))  # 120k, not 120000: the label fits
     axes.plot(*zip(*thin(epochs), strict=True), marker="o", markersize=4, color="tab:blue")
     axes.set_xlim(left=0)
-    axes.set_ylim(bottom=0)
+    axes.set_ylim(0, max(rate for _, rate in epochs) * 1.08 or 1.0)  # the top markers whole
     return to_svg(figure)
 
 
@@ -166,7 +166,7 @@ def step_throughput_chart(steps: list[tuple[int, float]]) -> str:
     figure, axes = _axes("steps", "global train step (count)", THROUGHPUT)
     axes.yaxis.set_major_formatter(EngFormatter(sep=""))
     axes.plot(*zip(*thin(steps), strict=True), linewidth=1, color="tab:purple")
-    axes.set_ylim(bottom=0)
+    axes.set_ylim(0, max(rate for _, rate in steps) * 1.08 or 1.0)
     return to_svg(figure)
 
 

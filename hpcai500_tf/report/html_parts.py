@@ -24,6 +24,7 @@ table { border-collapse: collapse; width: 100%; margin: 0.4em 0; }
 th, td { text-align: left; vertical-align: top; padding: 4px 8px; border-bottom: 1px solid #eaeef2;
   overflow-wrap: anywhere; }
 thead th { background: #f6f8fa; }
+table.words th, table.words td { overflow-wrap: normal; }  /* columns wide enough for words */
 tr { break-inside: avoid; }
 .card th { width: 13em; font-weight: 600; }
 .layers td:first-child { width: 13em; } .layers td:nth-child(2) { width: 16em; }

@@ -123,7 +123,7 @@ def _mean_section(row: Entry, page_of: dict[str, str]) -> str:
         times = " + ".join(f"{x.time_to_quality_s:.1f} s" for x in counted)
         worked += f"<p>Time to quality = ({times}) / {len(counted)} = "
         worked += f"{duration(s.time_to_quality_s)}.</p>"
-    return section("mean", "The mean, worked through", table(head, cells), worked)
+    return section("mean", "The mean, worked through", table(head, cells, "words"), worked)
 
 
 def _curves_section(row: Entry) -> str:
