@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import html
 import io
-import math
 import re
 
 import matplotlib
@@ -312,7 +311,3 @@ def runs_chart(
     axes.set_xlim(left=0)
     axes.legend(loc="lower right", fontsize=7, ncol=2 if len(runs) > 5 else 1)
     return to_svg(figure)
-
-
-def finite(value) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value) and value > 0
