@@ -15,14 +15,15 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.cli import main
 from hpcai500_tf.report import pages
 from hpcai500_tf.report.console import LAYER_NAMES
+from hpcai500_tf.report.html_parts import POLICY
 
 from .conftest import EXAMPLE
 
 START = 1_767_000_000.0  # the runs' clock (Unix seconds)
-# What would fetch something or run something: a remote src/href, CSS url() or @import, a
-# script, a stylesheet link or an image file.
+# What would fetch something: a remote src/href, CSS url() or @import, a script from a file,
+# a stylesheet link or an image file (the ranking page's one inline script fetches nothing).
 ASSET = re.compile(
-    r"""(?:(?:src|href|action)\s*=|url\()\s*["']?\s*(?:https?:)?//|@import|<script|<link|<img""",
+    r"""(?:(?:src|href|action)\s*=|url\()\s*["']?\s*(?:https?:)?//|@import|<script[^>]*\ssrc|<link|<img""",
     re.IGNORECASE,
 )
 
@@ -182,16 +183,25 @@ def test_several_runs_give_a_ranking_page_linking_each_run(tmp_path):
     random = make_run(tmp_path, "random", throughput_only(full_record("Random data")))
     empty = make_run(tmp_path, "empty", None, power=False)
     written = report(tmp_path, fast, slow, random, empty)
-    assert sorted(written) == ["empty.html", "fast.html", "index.html", "random.html", "slow.html"]
+    systems = sorted(name for name in written if name.startswith("system-"))
+    assert sorted(set(written) - set(systems)) == [
+        "empty.html", "fast.html", "index.html", "random.html", "slow.html"
+    ]  # fmt: skip
+    assert systems == [f"system-image_classification-stated-{name}-machine-tensorflow-2.21.0.html"
+                       for name in ("Fast", "Slow")]  # fmt: skip
     index = written["index.html"]
     for name in ("fast", "slow", "random", "empty"):
         assert f'href="{name}.html"' in index
-    assert 'href="index.html"' in written["fast.html"]
-    ranked = re.findall(r"<td>(\d)</td><td><a href=\"(\w+)\.html\"", index)
-    assert ranked == [("1", "fast"), ("2", "slow")]
+    assert (
+        'href="index.html"' in written["fast.html"] and 'href="index.html"' in written[systems[0]]
+    )
+    ranked = re.findall(r'<tr [^>]*><td data-sort="(\d)" class="number">\d</td>'
+                        r'<td [^>]*><a href="system-[\w.-]+?-(\w+)-machine', index)  # fmt: skip
+    assert ranked == [("1", "Fast"), ("2", "Slow")]
     refused = text_of(index.split('id="refused"')[1])
     assert "quality not measured" in refused and "no record.json" in refused
     assert not ASSET.search(index)
+    assert index.count("<script>") == 1 and POLICY in index and POLICY in written[systems[0]]
 
 
 @pytest.mark.parametrize("taken", ["file", "non-empty"])
