@@ -229,7 +229,7 @@ def _end(processes: list[subprocess.Popen], grace_s: float) -> None:
 
 class _Forward:
     """The launcher's handler of the `FORWARDED` signals: the first is passed to every worker
-    started (and stops the start of more); later ones are only noted, since a second SIGINT
+    started (and stops the start of more); later ones are ignored, since a second SIGINT
     would interrupt the record the workers are writing (SIGKILL stays the hard stop)."""
 
     def __init__(self, processes: list[subprocess.Popen]):
