@@ -152,7 +152,9 @@ def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf.energy.sampler import check_rate
     from hpcai500_tf.engine.cluster import strategy_overrides
     from hpcai500_tf.lifecycle import RunOptions, WorkerRunEnded, exit_code
+    from hpcai500_tf.report.streams import keep_console
 
+    keep_console()  # a console that goes away (`| head`) ends the output, never the run
     check_rate("--power-hz", args.power_hz, may_be_off=True)
     if not args.resume:
         _directory("--out", args.out)

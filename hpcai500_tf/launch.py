@@ -12,16 +12,24 @@ messages (TensorFlow's included) go to `RUN_DIR/workers/worker-I.log`. When a wo
 the others get the communication timeout to end on their own (the chief then records the run
 as stopped), then SIGTERM, then SIGKILL (a worker waiting for a lost peer ignores SIGTERM):
 no process outlives the launcher.
+
+The workers run in a process group of their own, so that a signal to the run reaches them once,
+from the launcher: SIGTERM, SIGINT (Ctrl-C) and SIGHUP (a closed terminal) to the launcher are
+passed to every worker at once (SIGHUP as SIGTERM, the stop that keeps the work), and the
+launcher waits for them (`STOP_GRACE_S`, then SIGKILL) and exits with the chief's code: one
+stopped run, its record written by the chief, `--resume` continuing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +45,10 @@ MAX_WORKERS = 128
 TERM_GRACE_S = 5.0
 THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DEFAULT_FAILURE_GRACE_S = 30.0
+STOP_GRACE_S = 30.0  # for the workers to write the stopped record after a forwarded signal
+# The signals the launcher passes on, as what each worker gets.
+FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
+             signal.SIGHUP: signal.SIGTERM}  # fmt: skip
 # How a worker is kept to its GPUs: inside TensorFlow (the default), or by CUDA.
 
 
@@ -215,6 +227,41 @@ def _end(processes: list[subprocess.Popen], grace_s: float) -> None:
             time.sleep(0.05)
 
 
+class _Forward:
+    """The launcher's handler of the `FORWARDED` signals: the first is passed to every worker
+    started (and stops the start of more); later ones are ignored, since a second SIGINT
+    would interrupt the record the workers are writing (SIGKILL stays the hard stop)."""
+
+    def __init__(self, processes: list[subprocess.Popen]):
+        self.processes = processes
+        self.received: int | None = None
+        self.at = 0.0
+
+    def __call__(self, signum, frame) -> None:
+        if self.received is not None:
+            return
+        self.received, self.at = signum, time.monotonic()
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(FORWARDED[signum])
+
+
+@contextlib.contextmanager
+def _forwarding(processes: list[subprocess.Popen]):
+    """`_Forward` in place for the `FORWARDED` signals while inside (main thread only: Python
+    runs handlers there), the previous handlers restored after."""
+    forward = _Forward(processes)
+    if threading.current_thread() is not threading.main_thread():
+        yield forward
+        return
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    try:
+        yield forward
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def launch(
     setup: Setup,
     worker_args: list[str],
@@ -273,15 +320,20 @@ def launch(
         flush=True,
     )
     try:
-        for index, env in enumerate(environments):
-            log = log_files[index]
-            # The chief's console output is the run's; everyone's stderr (TensorFlow's
-            # messages included) goes to its log, whose last line is shown on failure.
-            stdout = None if index == 0 else log
-            processes.append(subprocess.Popen(command, env=env, stdout=stdout, stderr=log))
-        if on_start:
-            on_start(processes)
-        return _supervise(processes, run_dir, setup.communication.timeout_s)
+        with _forwarding(processes) as forward:
+            for index, env in enumerate(environments):
+                if forward.received is not None:
+                    break  # stopped while starting: no more workers
+                log = log_files[index]
+                # The chief's console output is the run's; everyone's stderr (TensorFlow's
+                # messages included) goes to its log, whose last line is shown on failure.
+                stdout = None if index == 0 else log
+                processes.append(
+                    subprocess.Popen(command, env=env, stdout=stdout, stderr=log, process_group=0)
+                )
+            if on_start:
+                on_start(processes)
+            return _supervise(processes, run_dir, setup.communication.timeout_s, forward)
     except KeyboardInterrupt:
         for process in processes:
             if process.poll() is None:
@@ -294,8 +346,12 @@ def launch(
             log.close()
 
 
-def _supervise(processes: list[subprocess.Popen], run_dir: RunDirectory, timeout_s: float) -> int:
+def _supervise(
+    processes: list[subprocess.Popen], run_dir: RunDirectory, timeout_s: float, forward: _Forward
+) -> int:
     while True:
+        if forward.received is not None:
+            return _stopped(processes, forward)
         codes = [p.poll() for p in processes]
         if all(code == 0 for code in codes):
             return 0
@@ -316,3 +372,24 @@ def _supervise(processes: list[subprocess.Popen], run_dir: RunDirectory, timeout
         flush=True,
     )
     return 2 if code == 2 else 1
+
+
+def _stopped(processes: list[subprocess.Popen], forward: _Forward) -> int:
+    """The end of a run the launcher passed a signal to: every worker given `STOP_GRACE_S`
+    from the signal to write its part of the stopped run, then ended; the chief's exit code
+    (128 + the signal where it was killed)."""
+    grace = STOP_GRACE_S - (time.monotonic() - forward.at)
+    _end(processes, max(grace, 0.0))
+    name = signal.Signals(forward.received).name
+    for index, process in enumerate(processes):
+        if process.returncode == -signal.SIGKILL:
+            print(
+                f"hpcai500-tf: worker {index} had not ended {STOP_GRACE_S:g} s after {name}: "
+                "killed",
+                file=sys.stderr,
+                flush=True,
+            )
+    code = processes[0].returncode if processes else None
+    if code is None or code < 0:
+        return 128 + (-code if code else forward.received)
+    return code

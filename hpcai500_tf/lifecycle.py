@@ -36,6 +36,7 @@ from hpcai500_tf.config import Setup, TrainingConfig
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.mllog import MLLogger
+from hpcai500_tf.report import streams
 from hpcai500_tf.report.live import Views
 from hpcai500_tf.report.tensorboard import TensorBoardView
 from hpcai500_tf.run_directory import RunDirectory
@@ -703,7 +704,7 @@ def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None
         one.progress, outcome.notes + others_notes, options.power_hz, options.meter_log, others,
         nodes,
     )  # fmt: skip
-    one.warnings += energy_warnings
+    one.warnings += energy_warnings + streams.lost_warnings()
     run_dir = one.run_dir
     if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
         status = "success" if outcome.status == "completed" else "aborted"

@@ -436,6 +436,9 @@ def test_the_same_corrupt_shard_mid_run_is_a_failed_run_on_both_frameworks(
     assert all(
         w.startswith("the run failed: ") and "DataLossError" in w for w in warnings.values()
     ), warnings
+    # The PyTorch side names the user's shard file, not TensorFlow's op text.
+    assert str(data / "train-00001-of-00002") in warnings["pytorch"], warnings
+    assert "{{" not in warnings["pytorch"] and "[Op:" not in warnings["pytorch"], warnings
 
 
 def test_a_nan_loss_is_a_diverged_run_on_both_frameworks(torch_installed, tmp_path):

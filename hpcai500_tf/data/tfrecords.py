@@ -10,6 +10,7 @@ each length's CRC; the data are skipped, never read or decoded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from pathlib import Path
@@ -142,3 +143,44 @@ def first_records(path: str | Path, count: int) -> list[tuple[int, bytes]]:
                 raise UserError(f"{path}: truncated TFRecord file at offset {offset}")
             records.append((offset, data))
     return records
+
+
+def _data_fail_at(path: Path, offset: int) -> bool:
+    """Whether the record whose data begin at `offset` in `path` (its header's length CRC
+    holding) runs past the end or fails its data CRC."""
+    if offset < HEADER.size:
+        return False
+    with path.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(offset - HEADER.size)
+        header = handle.read(HEADER.size)
+        if len(header) < HEADER.size:
+            return False
+        length, crc = HEADER.unpack(header)
+        if masked_crc(header[:8]) != crc:
+            return False  # no record starts there
+        if offset + length + FOOTER_BYTES > size:
+            return True
+        data = handle.read(length)
+        (footer,) = struct.unpack("<I", handle.read(FOOTER_BYTES))
+    return masked_crc(data) != footer
+
+
+def file_failing_at(files: list[str], offset: int) -> str | None:
+    """The file of `files` that TensorFlow's "corrupted record at OFFSET" or "truncated record
+    at OFFSET" (which names no file) is about: one whose record data begin at OFFSET and fail
+    their CRC or run past the end, else one whose headers fail (`count_records`); None if
+    none does. Read only when a run has failed: a record's data and, at most, every header."""
+    candidates = [Path(f) for f in files if Path(f).is_file() and Path(f).stat().st_size >= offset]
+    for path in candidates:
+        with contextlib.suppress(OSError, struct.error):
+            if _data_fail_at(path, offset):
+                return str(path)
+    for path in candidates:
+        try:
+            count_records(path)
+        except UserError:
+            return str(path)
+        except OSError:
+            continue
+    return None

@@ -243,7 +243,7 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
         return
     image_bytes = batch * d.image_size * d.image_size * 3 * 4
     slot_bytes = image_bytes + batch * 8
-    streams = {}
+    streams, splits = {}, {}
     while True:
         try:
             message = pipe.recv()
@@ -276,6 +276,7 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
                 )
                 iterator = dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
                 streams[stream] = (iterator, shared_memory.SharedMemory(name=name))
+                splits[stream] = "train" if training else "validation"
                 pipe.send((stream, "ok", None))
             elif kind == "next":
                 slot = message[2]
@@ -304,8 +305,35 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
             if inner:
                 pipe.send((stream, "user_error", inner.group(1).strip()))
             else:
-                lines = str(error).strip().splitlines() or [""]
-                text = f"reading data failed: {error.__class__.__name__}: {lines[0][:300]}"
-                pipe.send((stream, "error", text))
+                pipe.send((stream, "error", _read_failure(error, data_dir, splits[stream])))
         except Exception:  # noqa: BLE001 - reported to the runner, which names it
             pipe.send((stream, "error", "the data process failed:\n" + traceback.format_exc()))
+
+
+# TensorFlow's decorations of an op's message: the function and node it ran in, the op's name.
+_OP_TEXT = re.compile(
+    r"\{\{function_node [^}]*\}\}|\[\[\{\{node [^}]*\}\}\]\]|\[Op:[^\]]*\]( name: ?\S*)?"
+)
+_RECORD_AT = re.compile(r"(?:corrupted|truncated) record at (\d+)")
+
+
+def _read_failure(error, data_dir: str | None, split: str) -> str:
+    """A TensorFlow error reading the `split` data, in the user's terms: its message without
+    TensorFlow's op text and, for a damaged TFRecord ("corrupted record at N", which names no
+    file), the shard file it is in."""
+    lines = [_OP_TEXT.sub("", line).strip() for line in str(error).strip().splitlines()]
+    message = next((line for line in lines if line), "")[:300]
+    at = _RECORD_AT.search(message)
+    if at and data_dir:
+        from hpcai500_tf.data import imagenet, tfrecords
+
+        try:
+            files = imagenet.shard_files(data_dir, split)
+        except UserError:
+            files = []
+        shard = tfrecords.file_failing_at(files, int(at.group(1)))
+        if shard:
+            message = f"{shard}: {message} (a damaged TFRecord shard file)"
+        elif files:
+            message = f"{message} in one of the {len(files)} {split} shard files of {data_dir}"
+    return f"reading data failed: {error.__class__.__name__}: {message}"
