@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hpcai500_tf import __version__
-from hpcai500_tf.errors import ArgumentParser, UserError
+from hpcai500_tf.errors import ArgumentParser, UserError, one_line
 from hpcai500_tf.report.text import printable
 from hpcai500_tf.tensorflow_import import import_tensorflow, keep_tensorflow_quiet
 
@@ -206,7 +206,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         record, path = backend.run(setup, options, view)
     except WorkerRunEnded as ended:
-        print(f"hpcai500-tf: {ended}", file=sys.stderr, flush=True)
+        print(f"hpcai500-tf: {one_line(ended)}", file=sys.stderr, flush=True)
         backend.end_worker(ended.code)  # TensorFlow's shutdown would wait for a peer
         return ended.code
     finally:
@@ -691,10 +691,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except UserError as error:
-        print(f"hpcai500-tf: error: {error}", file=sys.stderr)
+        print(f"hpcai500-tf: error: {one_line(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C: 130; SIGTERM (lifecycle.Terminated): 143
-        print(f"hpcai500-tf: {str(stop) or 'interrupted'}", file=sys.stderr)
+        print(f"hpcai500-tf: {one_line(stop) or 'interrupted'}", file=sys.stderr)
         return getattr(stop, "exit_code", 130)
     except BrokenPipeError:  # the reader left (e.g. `| head`): end quietly, as Python's docs say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -702,8 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a path a user gave that no check above caught: still one line
         if error.filename is None:
             raise
-        where = printable(error.filename)
-        print(f"hpcai500-tf: error: {where}: {error.strerror}", file=sys.stderr)
+        print(f"hpcai500-tf: error: {one_line(error.filename)}: {error.strerror}", file=sys.stderr)
         return 2
 
 

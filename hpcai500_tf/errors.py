@@ -1,8 +1,11 @@
-"""The one exception type for mistakes a user can fix, and the argument parser that reports a
-mistyped command the same way: one line, exit 2."""
+"""The one exception type for mistakes a user can fix, the argument parser that reports a
+mistyped command the same way (one line, exit 2), and how such a line is printed: every path
+and string a user gave in it shown as text (`one_line`), never as terminal control."""
 
 import argparse
 from typing import NoReturn
+
+from hpcai500_tf.report.text import printable
 
 
 class UserError(Exception):
@@ -14,7 +17,14 @@ class ArgumentParser(argparse.ArgumentParser):
     exit 2, as every other user error, instead of the usage block and then the error."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(message: object) -> str:
+    """`message` as one printable line: control characters (ESC, CR, a bell), unpaired
+    surrogates and line breaks written as escapes (report.text.printable), so that a path
+    holding them can neither drive the terminal nor break the line in two."""
+    return printable(str(message).replace("\n", "\\n").replace("\t", "\\t"))
 
 
 def first_line(error: BaseException) -> str:

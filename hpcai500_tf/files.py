@@ -1,6 +1,6 @@
 """Reading the files a user names (records, logs, sidecars, meter logs, configs, a run
-directory's files) and appending to logs: a leaf module, imported by every reader and writer,
-importing nothing of the project's but its error type."""
+directory's files, caches), opening lock files and appending to logs: a leaf module, imported
+by every reader and writer, importing nothing of the project's but its error type."""
 
 from __future__ import annotations
 
@@ -14,34 +14,73 @@ from hpcai500_tf.errors import UserError
 MAX_FILE_BYTES = 1 << 30  # records, logs and sidecars larger than this are refused
 
 
-def open_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> BinaryIO:
+class NotRegularFile(UserError):
+    """A path that names a symbolic link (where none is followed), a FIFO, a device or a
+    directory where a regular file belongs."""
+
+
+def open_regular_file(
+    path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES, *, follow_symlinks: bool = True
+) -> BinaryIO:
     """A binary handle on a regular file of at most `max_bytes`, its kind checked before
     anything is read; one line naming the file otherwise (a FIFO, a device, a directory, a
-    symlink loop, a name too long, a file too large)."""
-    path = Path(path)
+    symlink loop, a name too long, a file too large; with `follow_symlinks` False, a symbolic
+    link)."""
+    fd = _open_regular(path, what, os.O_RDONLY, follow_symlinks)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such {what}") from None
-    except OSError as error:
-        raise UserError(f"{path}: cannot open {what} ({error.strerror or error})") from None
-    try:
-        info = os.fstat(fd)  # the kind of file first: fdopen refuses a directory by raising
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"{path}: not a regular file; a {what} must be one")
-        if info.st_size > max_bytes:
-            raise UserError(f"{path}: {info.st_size} bytes, larger than a {what} can be")
-        handle = os.fdopen(fd, "rb")
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            raise UserError(f"{path}: {size} bytes, larger than a {what} can be")
+        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
-    return handle
 
 
-def read_regular_file(path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+def open_lock_file(path: Path | str, what: str) -> BinaryIO:
+    """A lock file opened for reading and writing (created where it is missing), never
+    through a symbolic link and only where it is a regular file: what is written into a lock
+    (its holder) never reaches a file of the user's, and a FIFO or a device is one line."""
+    fd = _open_regular(path, what, os.O_RDWR | os.O_CREAT, follow_symlinks=False)
+    try:
+        return os.fdopen(fd, "r+b", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_regular(path: Path | str, what: str, flags: int, follow_symlinks: bool) -> int:
+    """The one opener of the files above: O_NONBLOCK so that a FIFO does not block the open,
+    O_NOFOLLOW where no link is followed, then the kind of file from fstat (of the file that
+    was opened, not of a name that may have changed since)."""
+    flags |= os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such {what}") from None
+    except OSError as error:
+        if not follow_symlinks and os.path.islink(path):  # ELOOP, as O_NOFOLLOW reports it
+            raise NotRegularFile(
+                f"{path}: is a symbolic link; a {what} is never read or written through one"
+            ) from None
+        raise UserError(f"{path}: cannot open {what} ({error.strerror or error})") from None
+    try:
+        mode = os.fstat(fd).st_mode  # the kind first: fdopen refuses a directory by raising
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(f"{path}: not a regular file; a {what} must be one")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular_file(
+    path: Path | str, what: str, max_bytes: int = MAX_FILE_BYTES, *, follow_symlinks: bool = True
+) -> str:
     """The text of a regular file of at most `max_bytes` (see `open_regular_file`)."""
     path = Path(path)
-    with open_regular_file(path, what, max_bytes) as handle:
+    with open_regular_file(path, what, max_bytes, follow_symlinks=follow_symlinks) as handle:
         try:
             data = handle.read(max_bytes + 1)
         except OSError as error:  # e.g. EIO from a special file that passes as regular

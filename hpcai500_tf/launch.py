@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,12 +35,13 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hpcai500_tf import run_directory
 from hpcai500_tf.benchmark_layers import WORKER_GPUS, gpu_placement, worker_gpu_positions
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
-from hpcai500_tf.run_directory import RunDirectory
+from hpcai500_tf.run_directory import INHERITED_LOCK, RunDirectory
 
 MAX_WORKERS = 128
 TERM_GRACE_S = 5.0
@@ -302,6 +304,7 @@ def launch(
             raise UserError(f"{run_dir}: not a run directory")
     else:
         run_dir = RunDirectory.new(out_dir, setup.benchmark.name, setup.preset)
+    lock = run_directory.hold(run_dir)  # the one writer, for every worker: each inherits it
     logs = run_dir.workers
     logs.mkdir(exist_ok=True)
     # Every worker's log (a resumed run adds to it), opened before any worker starts.
@@ -314,27 +317,22 @@ def launch(
     if gpus:
         per_worker, shares = gpu_shares(environments, gpus)
         each = f"{per_worker} GPU(s) and {each}; {shares}"
-    print(
-        f"launching {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
-        f"({each}); logs in {logs}",
-        flush=True,
-    )
+    stopped = False
     try:
         with _forwarding(processes) as forward:
-            for index, env in enumerate(environments):
-                if forward.received is not None:
-                    break  # stopped while starting: no more workers
-                log = log_files[index]
-                # The chief's console output is the run's; everyone's stderr (TensorFlow's
-                # messages included) goes to its log, whose last line is shown on failure.
-                stdout = None if index == 0 else log
-                processes.append(
-                    subprocess.Popen(command, env=env, stdout=stdout, stderr=log, process_group=0)
-                )
+            print(
+                f"launching {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
+                f"({each}); logs in {logs}",
+                flush=True,
+            )
+            _start_workers(command, environments, log_files, lock, processes, forward)
             if on_start:
                 on_start(processes)
-            return _supervise(processes, run_dir, setup.communication.timeout_s, forward)
+            code = _supervise(processes, run_dir, setup.communication.timeout_s, forward)
+            stopped = forward.received is not None
+            return code
     except KeyboardInterrupt:
+        stopped = True
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)
@@ -344,6 +342,47 @@ def launch(
         _end(processes, 0.0)
         for log in log_files:
             log.close()
+        lock.release()
+        if stopped:
+            _remove_unstarted(run_dir, resume)
+
+
+def _start_workers(command, environments, log_files, lock, processes, forward) -> None:
+    """Start one worker per environment into `processes`, each in its own process group (a
+    terminal's signal reaches it once, through the launcher) with the run directory's lock
+    open (INHERITED_LOCK names its descriptor); none after a signal was `forward`ed."""
+    for index, env in enumerate(environments):
+        if forward.received is not None:
+            break  # stopped while starting: no more workers
+        log = log_files[index]
+        # The chief's console output is the run's; everyone's stderr (TensorFlow's messages
+        # included) goes to its log, whose last line is shown on failure.
+        stdout = None if index == 0 else log
+        env = {**env, INHERITED_LOCK: str(lock.fileno())}
+        processes.append(
+            subprocess.Popen(
+                command, env=env, stdout=stdout, stderr=log, pass_fds=(lock.fileno(),),
+                process_group=0,
+            )
+        )  # fmt: skip
+
+
+def _remove_unstarted(run_dir: RunDirectory, resume: str | None) -> None:
+    """A new run's directory removed where nothing of the run is in it yet (no record, no
+    state and no run_start in its MLPerf log: stopped before its timed run began), so that a
+    stop during start-up never leaves a directory of worker logs alone; a stop after it
+    leaves the chief's stopped record. A resumed run's directory is never removed."""
+    if resume or any(os.path.lexists(p) for p in (run_dir.state, run_dir.record)):
+        return
+    try:
+        with open(run_dir.mlperf_log, "rb") as log:
+            if b'"key": "run_start"' in log.read(1 << 20):
+                return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    shutil.rmtree(run_dir.path, ignore_errors=True)
 
 
 def _supervise(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import os
 import shutil
 import signal
 import threading
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from hpcai500_tf import config, run_state
+from hpcai500_tf import config, run_directory, run_state
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup, TrainingConfig
 from hpcai500_tf.energy import sampler as power
@@ -350,16 +351,19 @@ def run(
     """Run the benchmark with the trainer `build` makes; returns (record, record path), or
     (None, None) on a worker other than the chief (worker 0 writes the one record)."""
     init_start = time.time()
-    with stop_on_sigterm() as sigterm:
+    with stop_on_sigterm() as sigterm, contextlib.ExitStack() as held:
+        unlocked = None  # a note where the filesystem cannot lock the run directory
         if options.resume:  # before the framework starts, and again on every worker
             resumed = RunDirectory(options.resume)
             if not resumed.config.is_file():
                 raise UserError(f"{resumed}: not a run directory (no {resumed.config.name})")
             run_state.check_resumable(options.resume, setup.training.epochs)
+            if setup.training.strategy != "multi_worker":  # one process: its own writer, now
+                unlocked = held.enter_context(_hold(resumed))
         trainer = build(setup, options, view)
         try:
             sigterm.take_back()  # a framework joining its workers may have put its own in place
-            one = prepare(setup, options, trainer, view, init_start)
+            one = prepare(setup, options, trainer, view, init_start, held, unlocked)
             if one.chief:
                 watch_in_tensorboard(one, options)
             initialise(one, options.meter_log)
@@ -369,19 +373,31 @@ def run(
             trainer.close()
 
 
-def prepare(setup: Setup, options: RunOptions, trainer: Trainer, view, init_start: float) -> Run:
+def prepare(
+    setup: Setup,
+    options: RunOptions,
+    trainer: Trainer,
+    view,
+    init_start: float,
+    held: contextlib.ExitStack,
+    unlocked: str | None = None,
+) -> Run:
     """The run directory and the progress to start from: new, or restored from its last
-    checkpoint."""
+    checkpoint. The chief holds the run directory's lock in `held` (where `run` did not
+    already; `unlocked` says where the filesystem could not lock it)."""
     config_id = fingerprint(setup.config)
     chief = trainer.rank == 0
     if options.resume:
         run_dir = RunDirectory(options.resume)
+        if chief and setup.training.strategy == "multi_worker":  # rank 0 known only now
+            unlocked = held.enter_context(_hold(run_dir))
     elif chief:
         run_dir = (
             RunDirectory(options.run_dir)
             if options.run_dir
             else RunDirectory.new(options.out_dir, setup.benchmark.name, setup.preset)
         )
+        unlocked = held.enter_context(_hold(run_dir))
         record_io.write_atomic(run_dir.config, config.saved_config(setup))
     else:
         run_dir = RunDirectory(options.run_dir) if options.run_dir else None
@@ -391,6 +407,7 @@ def prepare(setup: Setup, options: RunOptions, trainer: Trainer, view, init_star
         Progress(config_fingerprint=config_id, init_start=init_start), mllog,
         view=view if chief else None, warnings=list(trainer.warnings),
     )  # fmt: skip
+    one.warnings += [unlocked] if unlocked else []
     if options.resume:
         one.progress = restore(trainer, run_dir, config_id)
         one.saved_epochs = one.progress.epochs_done
@@ -401,6 +418,21 @@ def prepare(setup: Setup, options: RunOptions, trainer: Trainer, view, init_star
     if options.profile_steps:  # on every worker: none may go on to a collective alone
         _check_profile_steps(one, *options.profile_steps)
     return one
+
+
+@contextlib.contextmanager
+def _hold(run_dir: RunDirectory) -> Iterator[str | None]:
+    """The run directory's lock while inside (run_directory.hold: a second writer is refused
+    in one line), except in a worker of the `--workers` launcher, which holds it for all;
+    yields the warning of a filesystem that cannot lock."""
+    if run_directory.inherited(run_dir, os.environ):
+        yield None
+        return
+    lock = run_directory.hold(run_dir)
+    try:
+        yield lock.warning
+    finally:
+        lock.release()
 
 
 def _check_profile_steps(one: Run, first: int, last: int) -> None:

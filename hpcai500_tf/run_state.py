@@ -27,6 +27,7 @@ from hpcai500_tf.run_directory import (
     CHECKPOINTS,  # re-exported
     CONFIG_FILE,
     ERROR_LOG,
+    LOCK_FILE,
     MLPERF_LOG,
     POWER_SAMPLES,
     RECORD_FILE,
@@ -42,7 +43,7 @@ FRAMEWORKS = ("tensorflow", "pytorch")  # whose checkpoint files a state names
 PREFIX = re.compile(r"ckpt(?:-(\d+))?")  # ckpt-N, N epochs; ckpt (before they were numbered)
 
 # What a resume reads, appends to or replaces, and the kind each must be where it exists.
-# Logs are appended to and never followed through a symbolic link (see files.open_for_append).
+# Logs are appended to, and the lock written, never through a symbolic link (files.py).
 RUN_FILES = {
     CONFIG_FILE: "file",
     STATE_FILE: "file",
@@ -53,6 +54,7 @@ RUN_FILES = {
     CHECKPOINTS: "directory",
     TENSORBOARD: "directory",
     WORKERS: "directory",
+    LOCK_FILE: "lock",
 }
 
 _SEGMENT = {"start": "num", "stop": "num"}
@@ -106,6 +108,8 @@ def check_run_files(run_dir: Path) -> None:
             )
         if kind == "log" and os.path.islink(path):
             raise UserError(f"{path}: is a symbolic link; refusing to write a log through it")
+        if kind == "lock" and os.path.islink(path):
+            raise UserError(f"{path}: is a symbolic link; refusing to write a lock through it")
 
 
 def read_state(run_dir: Path) -> dict:

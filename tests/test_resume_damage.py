@@ -47,11 +47,12 @@ def copy_of(run_dir: Path, tmp_path: Path) -> Path:
 
 
 def contents(run_dir: Path) -> dict:
-    """What the user has in the run directory: each regular file's bytes."""
+    """What the user has in the run directory: each regular file's bytes (but the lock's, which
+    names whoever last held it)."""
     return {
         str(path.relative_to(run_dir)): path.read_bytes()
         for path in sorted(run_dir.rglob("*"))
-        if path.is_file() and not path.is_symlink()
+        if path.is_file() and not path.is_symlink() and path.name != "run.lock"
     }
 
 

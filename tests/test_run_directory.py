@@ -20,7 +20,7 @@ STAMP = r"\d{8}-\d{6}"
 # Every file and directory a run directory holds, by its property.
 PROPERTIES = [
     "config", "state", "record", "mlperf_log", "power_samples", "error_log", "checkpoints",
-    "tensorboard", "workers",
+    "tensorboard", "workers", "lock",
 ]  # fmt: skip
 
 
@@ -43,17 +43,21 @@ def test_a_new_run_gets_a_fresh_empty_directory_named_for_it(tmp_path):
     assert str(run) == str(run.path)
 
 
-def test_an_existing_run_directory_is_refused_and_left_untouched(tmp_path, monkeypatch):
+def test_a_taken_name_gets_the_next_suffix_and_the_run_there_is_left_untouched(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(run_directory, "datetime", FrozenClock)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
     taken = tmp_path / "image_classification-tiny-20240506-070809"
     taken.mkdir()
     (taken / "record.json").write_text("mine")
-    with pytest.raises(UserError) as refused:
-        RunDirectory.new(tmp_path, "image_classification", "tiny")
-    message = str(refused.value)
-    assert "\n" not in message and message == f"{taken}: already exists; refusing to overwrite it"
+    (tmp_path / f"{taken.name}-2").write_text("a file, not a run")
+    run = RunDirectory.new(tmp_path, "image_classification", "tiny")
+    assert run.name == f"{taken.name}-3" and not any(run.path.iterdir())
     assert [p.name for p in taken.iterdir()] == ["record.json"]
     assert (taken / "record.json").read_text() == "mine"
+    assert (tmp_path / f"{taken.name}-2").read_text() == "a file, not a run"
 
 
 @pytest.mark.parametrize("preset", ["p" * 400, "é" * 200, "x" * 161])

@@ -37,6 +37,7 @@ from google.protobuf.message import DecodeError
 
 from hpcai500_tf.data import listing, tfrecords
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import open_lock_file
 
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -183,23 +184,24 @@ def cache_prefix(
     or of another worker is never read. While this process runs it holds a lock there; the
     partial files a killed process left (tf.data's `_N.lockfile` would block) are removed."""
     if not Path(cache_dir).is_dir():
-        raise UserError(f"data.cache_dir '{cache_dir}' is not a directory")
+        missing = not os.path.lexists(cache_dir)
+        raise UserError(
+            f"data.cache_dir '{cache_dir}' "
+            + ("does not exist: make it first" if missing else "is not a directory")
+        )
     key = [str(Path(data_dir).resolve()), listing.fingerprint([Path(f) for f in files]), *shard]
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     prefix = Path(cache_dir).resolve() / f"hpcai500-{split}-{digest}"
     if str(prefix) in _CLAIMED:
         return str(prefix)
-    try:
-        lock = Path(f"{prefix}.hpcai500-lock").open("a")
-    except OSError as error:
-        raise UserError(f"data.cache_dir '{cache_dir}' cannot be written: {error}") from None
+    lock = open_lock_file(f"{prefix}.hpcai500-lock", "data.cache_dir lock")  # never a link
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
         raise UserError(
             f"{prefix}: another process on this node is caching the same records "
-            f"(it holds {lock.name})"
+            f"(it holds {prefix}.hpcai500-lock)"
         ) from None
     except OSError:
         pass  # no flock here: other processes cannot be seen, so nothing is removed

@@ -9,6 +9,11 @@ directory's absolute path); when neither can be written, they are found again ne
 Finding them is done once per job: the first worker to arrive takes an exclusive lock (flock)
 on a lock file beside the cache and finds them; the others wait for it, then read the cache.
 Where no lock file can be opened or locked, every worker finds them itself.
+
+The cache and its lock are opened by files.py's one opener of regular files, never through a
+symbolic link: a link, a FIFO or a device in their place is refused in one line (nothing is
+read from it or written through it); a cache too large or not the JSON this module writes is
+ignored, found again and replaced.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import NotRegularFile, open_lock_file, read_regular_file
 
 CACHE_FILE = ".hpcai500-counts.json"
 LOCK_WAIT_S = 1800.0  # how long a worker waits for another to find the facts
 FAILED = "failed: "  # how the lock file passes a holder's error on to the workers waiting
 FINGERPRINT_METHOD = "sha256 over the JSON list of the sorted [file name, size in bytes] pairs"
+MAX_CACHE_BYTES = 16 << 20  # a few hundred bytes a split: far more than any real cache's
+MAX_HOLDER_BYTES = 4096  # what a lock file says about its holder (or a holder's error)
 
 
 def cache_dir() -> Path:
@@ -51,9 +59,19 @@ def cache_files(data_dir: str | Path) -> list[Path]:
 
 
 def _read(path: Path) -> dict:
+    """The cache at `path`, or {} where there is none, it is damaged (found again then) or a
+    directory is in its place (the next place is used); one line where a link, FIFO or device
+    is in its place."""
+    if not os.path.lexists(path):
+        return {}
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = read_regular_file(path, "count cache", MAX_CACHE_BYTES, follow_symlinks=False)
+        stored = record_io.parse_json(text, path, "count cache")
+    except NotRegularFile as error:
+        if path.is_dir() and not path.is_symlink():
+            return {}
+        raise UserError(f"{error}: remove it (it is written again)") from None
+    except UserError:  # too large, unreadable, not JSON, nested too deeply
         return {}
     return stored if isinstance(stored, dict) and isinstance(stored.get("splits"), dict) else {}
 
@@ -102,10 +120,7 @@ def finding(data_dir: str | Path) -> Iterator[None]:
     opened or the filesystem has no flock. A UserError raised under the lock is passed on to
     the workers that waited for it."""
     path = lock_file(data_dir)
-    try:
-        handle = path.open("a+") if path else None
-    except OSError:
-        handle = None
+    handle = _open_lock(path) if path else None
     if handle is None:
         yield
         return
@@ -114,19 +129,41 @@ def finding(data_dir: str | Path) -> Iterator[None]:
         if waited is None:  # the filesystem has no flock
             yield
             return
-        handle.seek(0)
-        if waited and (told := handle.read().strip()).startswith(FAILED):
+        if waited and (told := _said(handle)).startswith(FAILED):
             raise UserError(told.removeprefix(FAILED))
-        handle.truncate(0)
-        handle.write(f"held by pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
+        _say(handle, f"held by pid {os.getpid()} on {socket.gethostname()}")
         try:
             yield
         except UserError as error:
-            handle.truncate(0)
-            handle.write(f"{FAILED}{error}\n")
-            handle.flush()
+            _say(handle, f"{FAILED}{error}")
             raise
+
+
+def _open_lock(path: Path):
+    """The lock file opened (files.open_lock_file), or None where it cannot be (the workers
+    then find the facts each); one line where a link, FIFO or device is in its place."""
+    try:
+        return open_lock_file(path, "count cache lock")
+    except NotRegularFile as error:
+        raise UserError(f"{error}: remove it (it is made again)") from None
+    except UserError:  # e.g. no permission
+        return None
+
+
+def _said(handle) -> str:
+    """What the lock file says (its holder, or the holder's error), bounded."""
+    try:
+        return os.pread(handle.fileno(), MAX_HOLDER_BYTES, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _say(handle, text: str) -> None:
+    """Replace what the lock file says with `text` (one line)."""
+    data = (text[: MAX_HOLDER_BYTES - 1] + "\n").encode(errors="replace")
+    with contextlib.suppress(OSError):  # saying it is a courtesy to the workers waiting
+        os.ftruncate(handle.fileno(), 0)
+        os.pwrite(handle.fileno(), data, 0)
 
 
 def _lock(handle, path: Path) -> bool | None:
@@ -143,8 +180,7 @@ def _lock(handle, path: Path) -> bool | None:
         except OSError:
             return None
         if time.monotonic() >= deadline:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = _said(handle) or "another process"
             raise UserError(
                 f"{path}: waited {LOCK_WAIT_S:g} s for another worker to verify the data "
                 f"({holder}); it still holds this lock"
