@@ -175,13 +175,9 @@ def _train(args: argparse.Namespace) -> int:
     if launching:
         from hpcai500_tf import launch
 
+        worker_args = launch.worker_args(args)
         return launch.launch(
-            setup,
-            launch.worker_args(args),
-            args.workers,
-            args.out,
-            args.resume,
-            framework=framework,
+            setup, worker_args, args.workers, args.out, args.resume, framework=framework
         )
     options = RunOptions(
         data_dir=args.data,

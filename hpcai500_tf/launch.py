@@ -298,12 +298,10 @@ def launch(
         ports = free_ports(workers)
         for env, tf_config in zip(environments, tf_configs(ports), strict=True):
             env["TF_CONFIG"] = tf_config
-    if resume:
-        run_dir = RunDirectory(resume)
-        if not run_dir.path.is_dir():
-            raise UserError(f"{run_dir}: not a run directory")
-    else:
-        run_dir = RunDirectory.new(out_dir, setup.benchmark.name, setup.preset)
+    run_dir = RunDirectory(resume) if resume else None
+    if run_dir and not run_dir.path.is_dir():
+        raise UserError(f"{run_dir}: not a run directory")
+    run_dir = run_dir or RunDirectory.new(out_dir, setup.benchmark.name, setup.preset)
     lock = run_directory.hold(run_dir)  # the one writer, for every worker: each inherits it
     logs = run_dir.workers
     logs.mkdir(exist_ok=True)
