@@ -238,11 +238,14 @@ class _Forward:
         self.processes = processes
         self.received: int | None = None
         self.at = 0.0
+        self.signalled = 0  # the workers started when the signal came, which it was passed to
+        self.all_started = False  # every worker was started before the signal
 
     def __call__(self, signum, frame) -> None:
         if self.received is not None:
             return
         self.received, self.at = signum, time.monotonic()
+        self.signalled = len(self.processes)
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(FORWARDED[signum])
@@ -324,6 +327,7 @@ def launch(
                 flush=True,
             )
             _start_workers(command, environments, log_files, lock, processes, forward)
+            forward.all_started = forward.received is None
             if on_start:
                 on_start(processes)
             code = _supervise(processes, run_dir, setup.communication.timeout_s, forward)
@@ -372,15 +376,20 @@ def _remove_unstarted(run_dir: RunDirectory, resume: str | None) -> None:
     leaves the chief's stopped record. A resumed run's directory is never removed."""
     if resume or any(os.path.lexists(p) for p in (run_dir.state, run_dir.record)):
         return
+    if not _run_began(run_dir, unreadable=True):
+        shutil.rmtree(run_dir.path, ignore_errors=True)
+
+
+def _run_began(run_dir: RunDirectory, unreadable: bool) -> bool:
+    """Whether the run's MLPerf log holds a run_start (its timed part began); `unreadable`
+    where the log is there but cannot be read."""
     try:
         with open(run_dir.mlperf_log, "rb") as log:
-            if b'"key": "run_start"' in log.read(1 << 20):
-                return
+            return b'"key": "run_start"' in log.read(1 << 20)
     except FileNotFoundError:
-        pass
+        return False
     except OSError:
-        return
-    shutil.rmtree(run_dir.path, ignore_errors=True)
+        return unreadable
 
 
 def _supervise(
@@ -388,7 +397,7 @@ def _supervise(
 ) -> int:
     while True:
         if forward.received is not None:
-            return _stopped(processes, forward)
+            return _stopped(processes, forward, run_dir)
         codes = [p.poll() for p in processes]
         if all(code == 0 for code in codes):
             return 0
@@ -411,10 +420,19 @@ def _supervise(
     return 2 if code == 2 else 1
 
 
-def _stopped(processes: list[subprocess.Popen], forward: _Forward) -> int:
+def _stopped(processes: list[subprocess.Popen], forward: _Forward, run_dir: RunDirectory) -> int:
     """The end of a run the launcher passed a signal to: every worker given `STOP_GRACE_S`
     from the signal to write its part of the stopped run, then ended; the chief's exit code
-    (128 + the signal where it was killed)."""
+    (128 + the signal where it was killed). Stopped before the run began (a worker not yet
+    started, or no run_start logged), the run has no work to keep and a worker may wait for a
+    peer that is gone: every one ends within `TERM_GRACE_S`; the launcher exits 128 + the
+    signal."""
+    for process in processes[forward.signalled :]:  # started as the signal came
+        if process.poll() is None:
+            process.send_signal(FORWARDED[forward.received])
+    if not (forward.all_started and _run_began(run_dir, unreadable=True)):
+        _end(processes, TERM_GRACE_S)
+        return 128 + forward.received
     grace = STOP_GRACE_S - (time.monotonic() - forward.at)
     _end(processes, max(grace, 0.0))
     name = signal.Signals(forward.received).name

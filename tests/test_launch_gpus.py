@@ -164,7 +164,7 @@ def test_launch_starts_each_worker_with_every_gpu_and_its_share_and_says_so(
 ):
     started = []
 
-    def start(command, env, stdout, stderr):
+    def start(command, env, stdout, stderr, **options):  # pass_fds, process_group
         started.append(env)
         return SimpleNamespace(poll=lambda: 0)
 

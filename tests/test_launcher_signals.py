@@ -42,12 +42,16 @@ def _workers(count: int, ignore: str = "") -> list[subprocess.Popen]:
     return processes
 
 
-def _supervise_through(sent: int, processes, tmp_path) -> tuple[int, float]:
-    """The launcher's supervision with `sent` delivered to it (this process) half a second in."""
+def _supervise_through(sent: int, processes, tmp_path, began=True) -> tuple[int, float]:
+    """The launcher's supervision with `sent` delivered to it (this process) half a second in,
+    every worker started and (where `began`) the run's run_start logged."""
     run_dir = RunDirectory(tmp_path)
+    if began:
+        run_dir.mlperf_log.write_text(':::MLLOG {"key": "run_start"}\n')
     started = time.monotonic()
     try:
         with launch._forwarding(processes) as forward:
+            forward.all_started = True
             threading.Timer(0.5, os.kill, (os.getpid(), sent)).start()
             code = launch._supervise(processes, run_dir, 1.0, forward)
     finally:
@@ -139,3 +143,14 @@ def test_sigterm_to_the_launcher_stops_the_run_resumably(framework, tmp_path, re
     assert len(stopped["timeline"]["epochs"]) < 20
     state = json.loads((run_dir / "state.json").read_text())
     assert state["epochs_done"] >= 1
+
+
+def test_a_signal_before_the_run_began_ends_every_worker_within_the_short_grace(tmp_path):
+    """No run_start yet: nothing to keep, and a worker may wait for a peer already gone; the
+    launcher ends them all within TERM_GRACE_S and exits 128 + the signal."""
+    ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # as one waiting in a join
+    processes = [*_workers(1, ignore), *_workers(1)]
+    code, seconds = _supervise_through(signal.SIGINT, processes, tmp_path, began=False)
+    assert code == 128 + signal.SIGINT
+    assert processes[0].returncode in (-signal.SIGTERM, 100 + signal.SIGTERM)
+    assert seconds < launch.TERM_GRACE_S + 5, seconds

@@ -510,16 +510,16 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
             str(local) if bound else None if per_node > 1 else "0,1"
         )
         visible = cluster.visible_gpus(env, FAKE_GPUS)
+        # each node's 2 CPUs shared by its tasks; 1 per task is refused for a GPU task (the
+        # input pipeline cannot feed it), so the GPUs are checked as with 8 each
+        assert env["SLURM_CPUS_PER_TASK"] == str(2 // per_node)
+        env |= {"SLURM_CPUS_PER_TASK": "8"}
         if pytorch:
             workers = workers_from_environment(env)
             assert (workers.world_size, workers.rank, workers.local_rank) == (total, index, local)
             # init_process_group computes on GPU local_rank of several visible, else on the one
             assert len(visible) == (1 if bound else FAKE_GPUS)
             continue
-        # each node's 2 CPUs shared by its tasks; 1 per task is refused for a GPU task (the
-        # input pipeline cannot feed it), so the GPUs are checked as with 8 each
-        assert env["SLURM_CPUS_PER_TASK"] == str(2 // per_node)
-        env |= {"SLURM_CPUS_PER_TASK": "8"}
         plan = slurm.SlurmCluster.from_environment(env, visible, FAKE_GPUS)
         assert plan.index == index and plan.host == task["host"]
         if per_node == 1:

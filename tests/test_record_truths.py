@@ -33,8 +33,8 @@ def _energy(workers: int, collective) -> dict:
     progress.energy = [[_board(0, 3000.0)]]
     one = SimpleNamespace(workers=workers, progress=progress, warnings=[],
                           trainer=SimpleNamespace(gather_rows=collective))  # fmt: skip
-    others, notes = lifecycle.gather_energy(one, lifecycle.Outcome(status="completed"))
-    block, _ = run_record.energy_result(progress, notes, 10.0, None, others)
+    others, notes, nodes = lifecycle.gather_energy(one, lifecycle.Outcome(status="completed"))
+    block, _ = run_record.energy_result(progress, notes, 10.0, None, others, nodes)
     return block
 
 
