@@ -9,6 +9,7 @@ import html
 from hpcai500_tf.report.console import LAYER_NAMES
 from hpcai500_tf.report.text import printable
 
+INDEX = "index.html"  # the ranking page, which every other page links back to
 POLICY = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 STYLE = """
 body { margin: 0; color: #1f2328; background: #fff;

@@ -23,6 +23,7 @@ from hpcai500_tf.record import FLOP_BASES, training_throughput
 from hpcai500_tf.report import charts, leaderboard
 from hpcai500_tf.report.console import duration, si
 from hpcai500_tf.report.html_parts import (
+    INDEX,
     bullets,
     card,
     document,
@@ -38,7 +39,6 @@ from hpcai500_tf.report.run_files import RunFiles, load_run
 from hpcai500_tf.report.system_page import system_page
 from hpcai500_tf.run_directory import POWER_SAMPLES
 
-INDEX = "index.html"
 READING = "the score's reading: the end of the last required epoch, SPEC section 3"
 # ----------------------------------------------------------------------------- writing
 

@@ -12,6 +12,7 @@ from hpcai500_tf import __version__
 from hpcai500_tf.report import charts
 from hpcai500_tf.report.console import duration, si
 from hpcai500_tf.report.html_parts import (
+    INDEX,
     card,
     document,
     escape,
@@ -22,8 +23,6 @@ from hpcai500_tf.report.html_parts import (
     table,
 )
 from hpcai500_tf.report.leaderboard import COUNTED, Entry, Run, benchmark
-
-INDEX = "index.html"
 
 
 def system_page(row: Entry, page_of: dict[str, str]) -> str:
