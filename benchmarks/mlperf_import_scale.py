@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpcai500_tf import mlperf_import  # noqa: E402
+from hpcai500_tf.mlperf import mlperf_import  # noqa: E402
 
 
 def line(key: str, value=None, time_ms: int = 1000, **metadata) -> str:

@@ -51,8 +51,8 @@ def main() -> None:
     from hpcai500_tf.energy.sampler import PowerSampler
     from hpcai500_tf.energy.sources import discover
     from hpcai500_tf.engine.run import build_trainer
-    from hpcai500_tf.mllog import MLLogger
-    from hpcai500_tf.run_record import Progress
+    from hpcai500_tf.mlperf.mllog import MLLogger
+    from hpcai500_tf.run.run_record import Progress
 
     overrides = args.set or ["data.train_examples=8192"]
     setup = prepare(

@@ -16,8 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcai500_tf import onednn, tensorflow_import
+from hpcai500_tf import tensorflow_import
 from hpcai500_tf.config import peak_learning_rate
+from hpcai500_tf.engine import onednn
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models.kernel_choices import BATCH_NORM_KERNELS
 

@@ -55,7 +55,8 @@ def _load_records(paths: list[str]) -> list[tuple[str, dict]]:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from hpcai500_tf import config, scoring
+    from hpcai500_tf import config
+    from hpcai500_tf.results import scoring
 
     results = []
     for path, rec in _load_records(args.records):
@@ -77,7 +78,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _rank(args: argparse.Namespace) -> int:
-    from hpcai500_tf import scoring
+    from hpcai500_tf.results import scoring
 
     rankings = scoring.rank_records(
         _load_records(args.records),
@@ -113,8 +114,8 @@ def _framework(args: argparse.Namespace) -> str:
     one line where they disagree."""
     if not args.resume:
         return args.framework or "tensorflow"
-    from hpcai500_tf import run_state
-    from hpcai500_tf.run_directory import CONFIG_FILE
+    from hpcai500_tf.run import run_state
+    from hpcai500_tf.run.run_directory import CONFIG_FILE
 
     run_dir = Path(args.resume)
     if not (run_dir / CONFIG_FILE).is_file():
@@ -167,7 +168,7 @@ def _train(args: argparse.Namespace) -> int:
         setup = config.resume_setup(
             args.resume, args.benchmark, args.preset, overrides, args.config
         )
-        from hpcai500_tf import run_state
+        from hpcai500_tf.run import run_state
 
         run_state.check_resumable(args.resume, setup.training.epochs)
     else:
@@ -192,9 +193,9 @@ def _train(args: argparse.Namespace) -> int:
         device=args.device,
     )
     backend = _backend(framework)
-    from hpcai500_tf import scoring
     from hpcai500_tf.report.console import console, escape, score_table
     from hpcai500_tf.report.live import LiveView
+    from hpcai500_tf.results import scoring
 
     title = f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'"
     console.print(title + (" (PyTorch)" if framework == "pytorch" else ""))
@@ -234,8 +235,8 @@ def _print_record_line(record: dict, path) -> None:
 
 
 def _scaling(args: argparse.Namespace) -> int:
-    from hpcai500_tf import scaling
     from hpcai500_tf.files import check_output_directory
+    from hpcai500_tf.results import scaling
 
     series = scaling.analyse(_load_records(args.records))
     out = check_output_directory("--out", args.out)
@@ -255,7 +256,8 @@ def _scaling(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hpcai500_tf import compare, config
+    from hpcai500_tf import config
+    from hpcai500_tf.results import compare
 
     (path_a, a), (path_b, b) = _load_records([args.a, args.b])
     for rec in (a, b):
@@ -273,8 +275,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _import_mlperf_tree(args: argparse.Namespace) -> int:
     """import-mlperf of an MLPerf results tree: a record per ResNet result file in --out."""
-    from hpcai500_tf import mlperf_tree
     from hpcai500_tf.files import check_output_directory
+    from hpcai500_tf.mlperf import mlperf_tree
 
     for flag, value in (("--sidecar", args.sidecar), ("--benchmark", args.benchmark)):
         if value is not None:
@@ -320,8 +322,8 @@ def _import_mlperf_tree(args: argparse.Namespace) -> int:
 
 
 def _import_mlperf(args: argparse.Namespace) -> int:
-    from hpcai500_tf import mlperf_import
     from hpcai500_tf import record as record_io
+    from hpcai500_tf.mlperf import mlperf_import
 
     try:
         tree = Path(args.log).is_dir()

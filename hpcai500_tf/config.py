@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from hpcai500_tf import record as record_io
-from hpcai500_tf import validation
+from hpcai500_tf import validation, workload_config
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import read_regular_file
 from hpcai500_tf.layers import LAYER_IDS
 from hpcai500_tf.validation import INT32_MAX, choice_problem, out_of_range, section
-from hpcai500_tf.workloads import settings
 
 
 def _shipped_configs() -> Path:
@@ -481,7 +480,7 @@ def setup_from(benchmark: Benchmark, preset: str, config: dict) -> Setup:
     training = section(TrainingConfig, config.get("training"), "training")
     optimizer = section(OptimizerConfig, config.get("optimizer"), "optimizer")
     communication = section(CommunicationConfig, config.get("communication"), "communication")
-    settings.data_and_model(benchmark.name, config)  # the workload's own sections, checked now
+    workload_config.data_and_model(benchmark.name, config)  # the workload sections, checked now
     return Setup(benchmark, preset, config, training, optimizer, communication)
 
 

@@ -35,13 +35,13 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from hpcai500_tf import run_directory
 from hpcai500_tf.benchmark_layers import WORKER_GPUS, gpu_placement, worker_gpu_positions
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
-from hpcai500_tf.run_directory import INHERITED_LOCK, RunDirectory
+from hpcai500_tf.run import run_directory
+from hpcai500_tf.run.run_directory import INHERITED_LOCK, RunDirectory
 
 MAX_WORKERS = 128
 TERM_GRACE_S = 5.0

@@ -31,17 +31,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from hpcai500_tf import config, run_directory, run_state
+from hpcai500_tf import config
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import Setup, TrainingConfig
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.mllog import MLLogger
+from hpcai500_tf.mlperf.mllog import MLLogger
 from hpcai500_tf.report import streams
 from hpcai500_tf.report.live import Views
 from hpcai500_tf.report.tensorboard import TensorBoardView
-from hpcai500_tf.run_directory import RunDirectory
-from hpcai500_tf.run_record import (
+from hpcai500_tf.run import run_directory, run_state
+from hpcai500_tf.run.run_directory import RunDirectory
+from hpcai500_tf.run.run_record import (
     Diverged,
     Progress,
     data_failed,
@@ -783,7 +784,7 @@ def _tensorboard_artifacts(one: Run) -> dict:
 
 def _finish_tensorboard(one: Run, record: dict, layer_values: dict, sampler) -> None:
     """The run's layers (HParams), power and score in TensorBoard; never fatal."""
-    from hpcai500_tf import scoring
+    from hpcai500_tf.results import scoring
 
     board = one.tensorboard
     try:

@@ -19,9 +19,9 @@ from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.lifecycle import checkpoint_due
-from hpcai500_tf.mllog import MLLogger
-from hpcai500_tf.run_directory import RunDirectory
-from hpcai500_tf.run_record import Progress, fingerprint
+from hpcai500_tf.mlperf.mllog import MLLogger
+from hpcai500_tf.run.run_directory import RunDirectory
+from hpcai500_tf.run.run_record import Progress, fingerprint
 
 from .test_train import StopBeforeEpoch
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import compare, mlperf_import, record
+from hpcai500_tf import record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.mlperf import mlperf_import
+from hpcai500_tf.results import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 

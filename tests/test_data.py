@@ -316,7 +316,7 @@ def test_a_cache_dir_that_is_not_a_directory_is_refused_in_one_line(tmp_path, im
 
 
 def test_cache_settings_default_off_and_are_checked():
-    from hpcai500_tf.workloads.settings import data_and_model
+    from hpcai500_tf.workload_config import data_and_model
 
     preset = config.prepare("image_classification", "tiny", IMAGENET_FIXTURE_SETTINGS).config
     data, _ = data_and_model("image_classification", preset)

@@ -18,7 +18,7 @@ from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.data import extreme_weather as ew
 from hpcai500_tf.data import imagenet, listing, tfrecords
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.record_builder import not_rankable_reasons
+from hpcai500_tf.results.record_builder import not_rankable_reasons
 from hpcai500_tf.workloads.extreme_weather import ExtremeWeather
 from hpcai500_tf.workloads.image_classification import ImageClassification
 

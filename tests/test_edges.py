@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from hpcai500_tf import compare, mlperf_import, record
+from hpcai500_tf import record
 from hpcai500_tf.cli import main
+from hpcai500_tf.mlperf import mlperf_import
+from hpcai500_tf.results import compare
 from tests.conftest import EXAMPLE
 from tests.test_compare import _hand_written, _log_line
 
@@ -122,7 +124,7 @@ def _run(argv):
 def test_a_meter_log_too_small_to_score_leaves_energy_not_measured(tmp_path):
     """5e-324 W is a reading (finite, not negative) whose score per watt overflows: the run's
     record says energy was not measured and why, and stays scorable."""
-    from hpcai500_tf.run_record import Progress, energy_result
+    from hpcai500_tf.run.run_record import Progress, energy_result
 
     log = tmp_path / "meter.csv"
     log.write_text("".join(f"{1000 + t},5e-324\n" for t in range(0, 30)))

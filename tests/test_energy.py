@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, record, scoring
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.integrate import energy_over
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import Source, discover, nvml_sources, rapl_sources
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.results import scoring
 
 # ------------------------------------------------------------------------ arithmetic
 
@@ -514,8 +515,8 @@ def fake_rapl_counter(monkeypatch, root: Path, watts: float) -> None:
 
 
 def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch):
-    from hpcai500_tf import run_record
     from hpcai500_tf.engine import run
+    from hpcai500_tf.run import run_record
 
     monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     now = time.time()
@@ -545,8 +546,8 @@ class FakeNVMLMissing(FakeNVML):
 
 
 def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, monkeypatch):
-    from hpcai500_tf import run_record
     from hpcai500_tf.engine import run
+    from hpcai500_tf.run import run_record
 
     from .test_train import StopBeforeEpoch
 
@@ -575,7 +576,7 @@ def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, mo
     ],
 )
 def test_a_meter_log_that_cannot_serve_is_a_warning_not_a_lost_run(tmp_path, content, warning):
-    from hpcai500_tf.run_record import Progress, energy_result
+    from hpcai500_tf.run.run_record import Progress, energy_result
 
     progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
     meter = _log(tmp_path, content)
@@ -715,9 +716,10 @@ def _timed(tmp_path, monkeypatch, rank: int, workers: int, ending=None):
     """A worker's timed run, sampling a fake 50 W package: (the run, its outcome)."""
     from types import SimpleNamespace
 
-    from hpcai500_tf import lifecycle, run_record
-    from hpcai500_tf.mllog import MLLogger
-    from hpcai500_tf.run_directory import RunDirectory
+    from hpcai500_tf import lifecycle
+    from hpcai500_tf.mlperf.mllog import MLLogger
+    from hpcai500_tf.run import run_record
+    from hpcai500_tf.run.run_directory import RunDirectory
 
     start = time.time()
     package = Source("rapl:package-0", "CPU package", "counter", "fake RAPL",
@@ -740,7 +742,8 @@ def test_a_workers_power_sample_rows_name_it(tmp_path, monkeypatch):
 def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
     tmp_path, monkeypatch, published_record
 ):
-    from hpcai500_tf import lifecycle, run_record
+    from hpcai500_tf import lifecycle
+    from hpcai500_tf.run import run_record
 
     bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=lifecycle.Terminated())
     assert outcome.status == "stopped" and outcome.peer_lost
@@ -786,7 +789,7 @@ def test_a_run_that_ended_without_gathering_says_whose_energy_is_missing(outcome
 def _meter_run(tmp_path, nodes, others=()):
     """A 10 s run's energy block measured by a meter log at 300 W (worker 0's node), the run's
     workers on `nodes` nodes."""
-    from hpcai500_tf.run_record import Progress, energy_result
+    from hpcai500_tf.run.run_record import Progress, energy_result
 
     progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
     meter = _log(tmp_path, "".join(f"{995 + t},300\n" for t in range(20)))
@@ -824,7 +827,8 @@ def test_a_gathered_run_counts_the_meter_logs_nodes_from_the_workers_hosts(monke
     """gather_energy's node count: the distinct hosts of the gathered vectors."""
     from types import SimpleNamespace
 
-    from hpcai500_tf import lifecycle, run_record
+    from hpcai500_tf import lifecycle
+    from hpcai500_tf.run import run_record
 
     for hosts, expected in ((["a", "a"], 1), (["a", "b"], 2)):
         vectors = [_worker(monkeypatch, host, rank, "0")[1] for rank, host in enumerate(hosts)]

@@ -15,7 +15,7 @@ from hpcai500_tf.cli import main
 from hpcai500_tf.energy.sampler import PowerSampler
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.mllog import MLLogger
+from hpcai500_tf.mlperf.mllog import MLLogger
 
 TRAIN = ["train", "image_classification", "--preset", "tiny"]
 
@@ -109,8 +109,8 @@ def test_power_refuses_bad_rates(arguments, message, capsys):
 def test_resume_state_of_the_wrong_shape_names_the_file(tmp_path, state):
     from dataclasses import asdict
 
-    from hpcai500_tf.run_record import Progress
-    from hpcai500_tf.run_state import STATE_FILE, read_state
+    from hpcai500_tf.run.run_record import Progress
+    from hpcai500_tf.run.run_state import STATE_FILE, read_state
 
     valid = {**asdict(Progress(config_fingerprint="f")), "checkpoint": "ckpt-1"}
     valid["framework"] = "tensorflow"

@@ -14,12 +14,12 @@ FRAMEWORKS = ("tensorflow", "keras", "torch")
 # compare, scaling, MLPerf logs and results, energy, the run's lifecycle files (progress,
 # resume state, MLPerf log lines), Slurm, and the console and report pages.
 CORE = [
-    "analytical_flops", "compare", "config", "errors", "files", "layers", "mlperf_import",
-    "mlperf_system", "mlperf_tree", "record", "record_builder", "run_directory", "scaling",
-    "scoring", "slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
-    "energy.sources", "lifecycle", "mllog", "run_record", "run_state", "models.kernel_choices",
+    "mlperf.analytical_flops", "results.compare", "config", "errors", "files", "layers", "mlperf.mlperf_import",
+    "mlperf.mlperf_system", "mlperf.mlperf_tree", "record", "results.record_builder", "run.run_directory", "results.scaling",
+    "results.scoring", "cluster.slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
+    "energy.sources", "lifecycle", "mlperf.mllog", "run.run_record", "run.run_state", "models.kernel_choices",
     "report.console", "report.event_files", "report.live", "report.pages", "report.run_files",
-    "report.tensorboard", "report.text", "workloads.settings",
+    "report.tensorboard", "report.text", "workload_config",
 ]  # fmt: skip
 
 

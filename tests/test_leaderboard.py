@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import record, scoring
+from hpcai500_tf import record
 from hpcai500_tf.cli import main
 from hpcai500_tf.report.html_parts import POLICY
+from hpcai500_tf.results import scoring
 
 from .test_mlperf_tree import ROUND_DIR, description, write_log
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import record, scoring
+from hpcai500_tf import record
 from hpcai500_tf.cli import main
+from hpcai500_tf.results import scoring
 
 from .test_mlperf_tree import ROUND_DIR, named, one_line_error, write_log, write_system
 

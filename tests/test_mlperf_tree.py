@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import analytical_flops, config, record, scoring
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
+from hpcai500_tf.mlperf import analytical_flops
+from hpcai500_tf.results import scoring
 
 mllog = pytest.importorskip("mlperf_logging.mllog", reason="pip install -e '.[test]'")
 from mlperf_logging.system_desc_checker.system_desc_checker import (  # noqa: E402

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, launch, record, scaling
+from hpcai500_tf import config, launch, record
 from hpcai500_tf.cli import build_parser, main
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.launch import worker_args
+from hpcai500_tf.results import scaling
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
 RANDOM_TINY = ["--set", "data.source=random", "--set", "training.epochs=3"]

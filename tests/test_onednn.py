@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hpcai500_tf import onednn
+from hpcai500_tf.engine import onednn
 
 # /proc/cpuinfo flags (the ones that matter here) of three CPUs.
 SAPPHIRE_RAPIDS = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -90,7 +90,7 @@ def test_how_the_state_was_found_is_no_difference_of_the_system(published_record
     not say how) compare equal in L4 and are one submission; the state itself differs."""
     import copy
 
-    from hpcai500_tf import compare, scoring
+    from hpcai500_tf.results import compare, scoring
 
     a = copy.deepcopy(published_record)
     a["layers"]["L4"].update(onednn=True, onednn_method=onednn.REPORT + ": on by default")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import launch, slurm
+from hpcai500_tf import launch
+from hpcai500_tf.cluster import slurm
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.pytorch import distributed
 from hpcai500_tf.pytorch.distributed import Workers, workers_from_environment

@@ -400,7 +400,7 @@ def _task_environments(real_slurm, name: str, *options: str) -> list[dict]:
 def test_real_slurm_gpu_variables_give_each_task_its_gpu(real_slurm, options, layout):
     """Two fake GPUs per node (gres.conf): the variables Slurm gives 2 tasks per node, read
     by the project's own code with the node's GPU count set to 2 (there is no NVML here)."""
-    from hpcai500_tf import slurm
+    from hpcai500_tf.cluster import slurm
     from hpcai500_tf.engine import cluster
 
     name = options[0].strip("-").split("=")[0]
@@ -477,8 +477,8 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
     """The shipped sbatch under the real sbatch, hpcai500-tf replaced by a probe: tasks per
     node, each task's SLURM_PROCID, node and GPUs, as the project's own code reads them
     (the node's GPU count given as 2: there is no NVML here)."""
-    from hpcai500_tf import slurm
     from hpcai500_tf.benchmark_layers import WORKER_GPUS
+    from hpcai500_tf.cluster import slurm
     from hpcai500_tf.engine import cluster
     from hpcai500_tf.pytorch.distributed import workers_from_environment
 

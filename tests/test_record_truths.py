@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcai500_tf import config, lifecycle, record, run_record, scoring
+from hpcai500_tf import config, lifecycle, record
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.report.console import score_table
 from hpcai500_tf.report.pages import _score_section
+from hpcai500_tf.results import scoring
+from hpcai500_tf.run import run_record
 
 ROOT = Path(__file__).resolve().parents[1]
 

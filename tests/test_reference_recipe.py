@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf import benchmark_layers, config, scoring
+from hpcai500_tf import benchmark_layers, config, workload_config
 from hpcai500_tf.engine.optimizers import TF1Momentum, build_optimizer
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.workloads import build_workload, settings
+from hpcai500_tf.results import scoring
+from hpcai500_tf.workloads import build_workload
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "published_2020" / "2_google.json"
 SMALL = ["data.image_size=32", "model.width=0.125", "model.blocks=[1, 1, 1, 1]"]
@@ -427,5 +428,5 @@ def test_a_config_saved_before_the_forms_existed_loads_as_what_it_ran():
     old = config.setup_from(config.load_benchmark("image_classification"), "reference", saved)
     earlier = config.prepare("image_classification", "reference-project", [])
     assert old.optimizer == earlier.optimizer
-    old_model = settings.data_and_model("image_classification", old.config)[1]
-    assert old_model == settings.data_and_model("image_classification", earlier.config)[1]
+    old_model = workload_config.data_and_model("image_classification", old.config)[1]
+    assert old_model == workload_config.data_and_model("image_classification", earlier.config)[1]

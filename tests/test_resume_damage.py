@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcai500_tf import config, record, run_state
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run_record import Progress, make_record
+from hpcai500_tf.run import run_state
+from hpcai500_tf.run.run_record import Progress, make_record
 
 from . import test_hardening  # noqa: F401  (loads the Hypothesis profile)
 from .test_train import StopBeforeEpoch

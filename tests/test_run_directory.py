@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import run_directory
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import check_output_directory
-from hpcai500_tf.run_directory import RunDirectory
-from hpcai500_tf.run_state import RUN_FILES
+from hpcai500_tf.run import run_directory
+from hpcai500_tf.run.run_directory import RunDirectory
+from hpcai500_tf.run.run_state import RUN_FILES
 
 PACKAGE = Path(run_directory.__file__).resolve().parent
 STAMP = r"\d{8}-\d{6}"

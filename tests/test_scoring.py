@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from hpcai500_tf import config, scoring
+from hpcai500_tf import config
 from hpcai500_tf.cli import main
+from hpcai500_tf.results import scoring
 
 from .conftest import set_result
 

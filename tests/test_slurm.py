@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hpcai500_tf import slurm
 from hpcai500_tf.benchmark_layers import WORKER_GPUS
+from hpcai500_tf.cluster import slurm
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 

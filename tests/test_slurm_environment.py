@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import benchmark_layers, slurm
+from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import slurm
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.pytorch import distributed

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, record, scoring
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.results import scoring
 from hpcai500_tf.workloads.image_classification import ImageClassification
 
 from .test_data import (  # noqa: F401  (fixture)
@@ -159,8 +160,8 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
     import numpy as np
 
     from hpcai500_tf import lifecycle
-    from hpcai500_tf.run_directory import RunDirectory
-    from hpcai500_tf.run_record import Progress
+    from hpcai500_tf.run.run_directory import RunDirectory
+    from hpcai500_tf.run.run_record import Progress
 
     setup = config.prepare("image_classification", "tiny", [])
     trainer = run.build_trainer(setup, lifecycle.RunOptions())

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, mlperf_import, record, scoring
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.mlperf import mlperf_import
+from hpcai500_tf.results import scoring
 
 from .conftest import set_result
 from .test_compare import _hand_written, _log_line
@@ -384,7 +386,7 @@ def test_more_than_one_run_missing_the_target_refuses_the_submission(published_r
 
 
 def test_compare_shows_each_sides_flop_basis_and_warns_when_they_differ(published_record):
-    from hpcai500_tf import compare
+    from hpcai500_tf.results import compare
 
     other = copy.deepcopy(published_record)
     other["layers"]["L5"] = {"framework": "pytorch"}

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcai500_tf import config  # noqa: E402
 from hpcai500_tf import record as record_io  # noqa: E402
-from hpcai500_tf.record_builder import build_record  # noqa: E402
+from hpcai500_tf.results.record_builder import build_record  # noqa: E402
 
 # rank, submitter, published Valid PFLOPS, time in minutes (as published), top-1 (%)
 TABLE = [

@@ -2,7 +2,7 @@
 
 The cluster is taken from `TF_CONFIG` when it is set (by the user, or by `hpcai500-tf train
 --workers N`), else from Slurm's environment when the process runs under `srun` (read in
-Slurm's own order by `hpcai500_tf.slurm`). Both are checked before TensorFlow sees them, so a
+Slurm's own order by `cluster.slurm`). Both are checked before TensorFlow sees them, so a
 malformed cluster is one clear line; `cluster_plan` shows it without TensorFlow.
 
 GPUs are handed out as `CUDA_VISIBLE_DEVICES` entries: the node's GPUs by index, or the list
@@ -28,10 +28,11 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from hpcai500_tf import benchmark_layers, slurm
+from hpcai500_tf import benchmark_layers
 from hpcai500_tf.benchmark_layers import WORKER_GPUS
+from hpcai500_tf.cluster import slurm
+from hpcai500_tf.cluster.slurm import SlurmCluster, check_port_free, port_free, shown
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.slurm import SlurmCluster, check_port_free, port_free, shown
 
 SINGLE_WORKER = "a single worker (no TF_CONFIG, not under srun)"
 

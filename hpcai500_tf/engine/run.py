@@ -25,7 +25,7 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.lifecycle import Failure, RunOptions
 from hpcai500_tf.lifecycle import run as run_lifecycle
 from hpcai500_tf.measure.flops import count_function
-from hpcai500_tf.run_record import fingerprint
+from hpcai500_tf.run.run_record import fingerprint
 from hpcai500_tf.workloads import build_workload
 
 

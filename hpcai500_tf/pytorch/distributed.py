@@ -8,7 +8,7 @@ Who the workers are comes from the environment of whatever started them:
   SLURM_LOCALID, the node list and tasks per node, each task's GPUs from Slurm's), rank 0 on
   the first host of the step's node list (Slurm's default block distribution), and a port
   every task works out alone: MASTER_PORT, else the TensorFlow side's Slurm port plan
-  (hpcai500_tf/slurm.py `port_plan`: HPCAI500_SLURM_PORT_BASE, srun --resv-ports, else
+  (hpcai500_tf/cluster/slurm.py `port_plan`: HPCAI500_SLURM_PORT_BASE, srun --resv-ports, else
   from SLURM_JOB_ID). A task with several GPUs is refused (a worker trains on one);
 - neither: one worker, and nothing here talks to anyone.
 
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from hpcai500_tf import slurm
+from hpcai500_tf.cluster import slurm
 from hpcai500_tf.errors import UserError
 
 TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

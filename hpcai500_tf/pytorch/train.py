@@ -50,7 +50,7 @@ from hpcai500_tf.pytorch.build import (
     torch_build,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
-from hpcai500_tf.run_record import fingerprint
+from hpcai500_tf.run.run_record import fingerprint
 
 
 def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:

@@ -10,10 +10,10 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
-from hpcai500_tf.compare import Comparison
 from hpcai500_tf.report.text import printable
-from hpcai500_tf.scaling import Series
-from hpcai500_tf.scoring import MLPERF_READING, Ranking, Score
+from hpcai500_tf.results.compare import Comparison
+from hpcai500_tf.results.scaling import Series
+from hpcai500_tf.results.scoring import MLPERF_READING, Ranking, Score
 
 # The nine layers in words, as a reader says them (a record's keys: record.LAYER_KEYS).
 LAYER_NAMES = {

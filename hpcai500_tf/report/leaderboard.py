@@ -16,9 +16,10 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from hpcai500_tf import config, scoring
+from hpcai500_tf import config
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.report.run_files import RunFiles
+from hpcai500_tf.results import scoring
 
 LEVEL = "free"
 OWN = "this project's runs"

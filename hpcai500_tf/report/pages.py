@@ -16,7 +16,7 @@ import functools
 import re
 from pathlib import Path
 
-from hpcai500_tf import __version__, config, scoring
+from hpcai500_tf import __version__, config
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import check_output_directory
 from hpcai500_tf.record import FLOP_BASES, training_throughput
@@ -37,7 +37,8 @@ from hpcai500_tf.report.html_parts import (
 from hpcai500_tf.report.ranking_page import index_page
 from hpcai500_tf.report.run_files import RunFiles, load_run
 from hpcai500_tf.report.system_page import system_page
-from hpcai500_tf.run_directory import POWER_SAMPLES
+from hpcai500_tf.results import scoring
+from hpcai500_tf.run.run_directory import POWER_SAMPLES
 
 READING = "the score's reading: the end of the last required epoch, SPEC section 3"
 # ----------------------------------------------------------------------------- writing

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcai500_tf import __version__, scoring
+from hpcai500_tf import __version__
 from hpcai500_tf.report import charts
 from hpcai500_tf.report.console import duration, si
 from hpcai500_tf.report.html_parts import bullets, document, escape, figure, missing, section, table
 from hpcai500_tf.report.leaderboard import LEVEL, PUBLISHED_2020, Entry, benchmark
 from hpcai500_tf.report.ranking_script import SCRIPT
+from hpcai500_tf.results import scoring
 
 STYLE = """
 main { max-width: 1400px; padding-left: 16px; padding-right: 16px; }

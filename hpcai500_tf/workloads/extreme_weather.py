@@ -20,8 +20,8 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.mean_average_precision import mean_average_precision
 from hpcai500_tf.models.faster_rcnn import FasterRCNN
 from hpcai500_tf.models.kernels import resolve
-from hpcai500_tf.workloads.settings import EXTREME_WEATHER_DATASETS as DATASET_NAMES
-from hpcai500_tf.workloads.settings import data_and_model
+from hpcai500_tf.workload_config import EXTREME_WEATHER_DATASETS as DATASET_NAMES
+from hpcai500_tf.workload_config import data_and_model
 
 RANDOM_EPOCH = 1024  # examples per epoch of random data when synthetic_samples is 0
 

@@ -23,8 +23,8 @@ from hpcai500_tf.data import imagenet, listing, procedural
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models import resnet
 from hpcai500_tf.models.kernels import resolve
-from hpcai500_tf.workloads.settings import IMAGE_CLASSIFICATION_DATASETS as DATASET_NAMES
-from hpcai500_tf.workloads.settings import data_and_model
+from hpcai500_tf.workload_config import IMAGE_CLASSIFICATION_DATASETS as DATASET_NAMES
+from hpcai500_tf.workload_config import data_and_model
 
 SPLITS = {"train": "train_examples", "validation": "eval_examples"}  # as named in data.*
 

@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass, fields
 from dataclasses import field as dataclass_field
 
-from hpcai500_tf import config, scoring
+from hpcai500_tf import config
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.record import LAYER_KEYS, METHOD_FIELDS, PLACEMENT_FIELDS, training_throughput
+from hpcai500_tf.results import scoring
 
 _MISSING = "(absent)"
 

@@ -19,8 +19,8 @@ from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import discover
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.mllog import MLLogger, mlperf_benchmark_name
-from hpcai500_tf.record_builder import build_record
+from hpcai500_tf.mlperf.mllog import MLLogger, mlperf_benchmark_name
+from hpcai500_tf.results.record_builder import build_record
 
 MIN_AVERAGE_WATTS = 1e-3  # an average power below this is a sensor or a log out of range
 

@@ -29,11 +29,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcai500_tf import analytical_flops, mlperf_import, mlperf_system
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.mlperf_import import LINE, epoch_of
-from hpcai500_tf.scoring import scaling_factor_problem
+from hpcai500_tf.mlperf import analytical_flops, mlperf_import, mlperf_system
+from hpcai500_tf.mlperf.mlperf_import import LINE, epoch_of
+from hpcai500_tf.results.scoring import scaling_factor_problem
 
 RESULTS, SYSTEMS, RESNET, SCALING = "results", "systems", "resnet", "scaling.json"
 ROUND = re.compile(r"training_results_v(\d+\.\d+)")

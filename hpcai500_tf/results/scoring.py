@@ -37,7 +37,7 @@ from hpcai500_tf.config import (
 )
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.record import LAYER_KEYS, METHOD_FIELDS, PLACEMENT_FIELDS
-from hpcai500_tf.record_builder import not_rankable_reasons
+from hpcai500_tf.results.record_builder import not_rankable_reasons
 from hpcai500_tf.validation import is_finite_number
 
 MLPERF_READING = "MLPerf's: run_stop - run_start of the log, scored by its last evaluation"

@@ -28,11 +28,12 @@ import json
 import tomllib
 from pathlib import Path
 
-from hpcai500_tf import __version__, config, record_builder
+from hpcai500_tf import __version__, config
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import LAYER_IDS, Benchmark
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.mllog import benchmark_from_mlperf
+from hpcai500_tf.mlperf.mllog import benchmark_from_mlperf
+from hpcai500_tf.results import record_builder
 from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 PREFIX = ":::MLLOG "
