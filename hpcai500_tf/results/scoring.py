@@ -542,7 +542,7 @@ def ranking_to_json(ranking: Ranking) -> dict:
     }
 
 
-PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "examples" / "published_2020"
+PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "examples" / "published_2020"
 PUBLISHED = "published-2020"  # the convention under which that table's figures come back
 
 
