@@ -14,12 +14,13 @@ FRAMEWORKS = ("tensorflow", "keras", "torch")
 # compare, scaling, MLPerf logs and results, energy, the run's lifecycle files (progress,
 # resume state, MLPerf log lines), Slurm, and the console and report pages.
 CORE = [
-    "mlperf.analytical_flops", "results.compare", "config", "errors", "files", "layers", "mlperf.mlperf_import",
-    "mlperf.mlperf_system", "mlperf.mlperf_tree", "record", "results.record_builder", "run.run_directory", "results.scaling",
-    "results.scoring", "cluster.slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
-    "energy.sources", "lifecycle", "mlperf.mllog", "run.run_record", "run.run_state", "models.kernel_choices",
-    "report.console", "report.event_files", "report.live", "report.pages", "report.run_files",
-    "report.tensorboard", "report.text", "workload_config",
+    "mlperf.analytical_flops", "results.compare", "config", "errors", "files", "layers",
+    "mlperf.mlperf_import", "mlperf.mlperf_system", "mlperf.mlperf_tree", "record",
+    "results.record_builder", "run.run_directory", "results.scaling", "results.scoring",
+    "cluster.slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
+    "energy.sources", "lifecycle", "mlperf.mllog", "run.run_record", "run.run_state",
+    "models.kernel_choices", "report.console", "report.event_files", "report.live",
+    "report.pages", "report.run_files", "report.tensorboard", "report.text", "workload_config",
 ]  # fmt: skip
 
 
