@@ -19,8 +19,9 @@ from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import run_state
-from hpcai500_tf.run.run_record import Progress, make_record
+from hpcai500_tf.run import state as run_state
+from hpcai500_tf.run.progress import Progress
+from hpcai500_tf.run.record import make_record
 
 from . import test_hardening  # noqa: F401  (loads the Hypothesis profile)
 from .test_train import StopBeforeEpoch
@@ -36,7 +37,7 @@ def stopped_run(tmp_path_factory) -> Path:
         "image_classification", "tiny", ["training.epochs=5", "training.checkpoint_every=1"]
     )
     out = tmp_path_factory.mktemp("stopped")
-    stopped, path = run.run_benchmark(setup, None, out, view=StopBeforeEpoch(4), power_hz=0)
+    stopped, path = run.run_benchmark(setup, None, out, view=[StopBeforeEpoch(4)], power_hz=0)
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 3
     return path.parent
 

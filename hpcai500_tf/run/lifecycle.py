@@ -1,57 +1,56 @@
 """One benchmark run, on any framework: the lifecycle written once.
 
-    run(setup, options, build)      build: the framework's trainer (tensorflow or pytorch)
+    run(setup, options, build, observers)   build: the framework's trainer (tensorflow or pytorch)
       prepare      the trainer (devices, workers), the run directory, the progress: new, or
-                   restored from the last checkpoint (--resume)
+                   restored from the last checkpoint (--resume, its plan run/resume.py made)
       initialise   count the train step's FLOPs, warm it up: before the timed run
       timed_run    the epoch loop (`train_epochs`) under power sampling; whatever ends it
-                   early becomes its status (`classify_failure`)
-      finish       every worker's energy, the MLPerf log closed, the record written
+                   early becomes its status (run/status.py)
+      finish       every worker's energy (run/energy.py), the MLPerf log closed, the record
+                   written
 
 A framework supplies a `Trainer`: the train and eval steps, its data, its checkpoint files,
-its layers and the errors only it can name. Everything else is here, so that both frameworks
-get the same statuses for the same failures, the same MLPerf log points, power sampling,
-checkpoints and resume, TensorBoard scalars, profiler traces and records. Pure Python: this
-module imports neither TensorFlow nor torch.
+its layers and the errors only it can name. Everything else is here and in run/, so that both
+frameworks get the same statuses for the same failures, the same MLPerf log points, power
+sampling, checkpoints and resume, profiler traces and records. What watches the run (the live
+view, TensorBoard) is the caller's: `observers` (run/observers.py). Pure Python: this module
+imports neither TensorFlow nor torch, nor report/.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import os
-import shutil
-import signal
-import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from hpcai500_tf import config
 from hpcai500_tf import record as record_io
-from hpcai500_tf.config import Setup, TrainingConfig
+from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.mlperf.mllog import MLLogger
-from hpcai500_tf.report import streams
-from hpcai500_tf.report.live import Views
-from hpcai500_tf.report.tensorboard import TensorBoardView
-from hpcai500_tf.run import run_directory, run_state
-from hpcai500_tf.run.run_directory import RunDirectory
-from hpcai500_tf.run.run_record import (
+from hpcai500_tf.run import directory, resume
+from hpcai500_tf.run import energy as run_energy
+from hpcai500_tf.run.checkpoints import cadence, checkpoint_due, restore, save_checkpoint
+from hpcai500_tf.run.directory import RunDirectory
+from hpcai500_tf.run.mlperf_log import log_setup
+from hpcai500_tf.run.observers import Observers
+from hpcai500_tf.run.options import RunOptions
+from hpcai500_tf.run.progress import Progress, fingerprint
+from hpcai500_tf.run.record import make_record
+from hpcai500_tf.run.status import (
     Diverged,
-    Progress,
-    data_failed,
+    SigtermStop,
+    Terminated,
+    WorkerRunEnded,
+    classify_failure,
     diverged,
-    energy_result,
-    fingerprint,
-    log_setup,
-    make_record,
-    start_power_sampling,
+    stop_on_sigterm,
 )
 
 LOG_EVERY = 10  # steps between loss reads (each syncs the device) and live-view updates
@@ -109,187 +108,6 @@ class Trainer(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run a benchmark, beyond its config: what `train`'s options say."""
-
-    data_dir: str | None = None
-    out_dir: str | Path = "runs"
-    resume: str | None = None  # a stopped run's directory
-    power_hz: float = 10.0  # 0: no power sampling
-    meter_log: str | None = None  # a node meter's log, read when the run ends
-    run_dir: str | Path | None = None  # an empty directory the launcher made for the run
-    tensorboard: bool = True
-    profile_steps: tuple[int, int] | None = None  # global train steps to trace
-    allow_cpu: bool = False  # run where the framework sees fewer GPUs than the machine has
-    device: str = "auto"  # PyTorch's device: auto, cpu or cuda
-
-
-# ----------------------------------------------------------------------------- SIGTERM
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (scancel, a Slurm time limit, preemption), raised in the main thread by the
-    handler `stop_on_sigterm` installs: it ends a run as Ctrl-C does (a `stopped` record that
-    `--resume` continues), and the process exits 143 (128 + SIGTERM)."""
-
-    exit_code = 128 + signal.SIGTERM
-
-    def __init__(self):
-        super().__init__("terminated by SIGTERM")
-
-
-SIGTERM_STOPPED = "stopped by SIGTERM (scancel, a time limit or preemption)"
-
-
-class _SigtermStop:
-    """The SIGTERM handler: the first one raises `Terminated` (or, once `defer` is set, while
-    the record is written, is only noted); later ones are ignored, as the run is already
-    ending (SIGKILL after the scheduler's grace period remains the hard stop)."""
-
-    def __init__(self):
-        self.received = False
-        self.defer = False
-        self.installed = False
-
-    def take_back(self) -> None:
-        """Install this handler again where it was installed: a framework may replace it
-        while it joins its workers (TensorFlow's coordination service does, below Python)."""
-        if self.installed:
-            signal.signal(signal.SIGTERM, self)
-
-    def __call__(self, signum, frame):
-        if self.received:
-            return
-        self.received = True
-        if not self.defer:
-            raise Terminated
-
-
-@contextlib.contextmanager
-def stop_on_sigterm():
-    """SIGTERM stops the run as Ctrl-C does, while inside; the previous handler is restored
-    after. Installed only from the main thread (Python runs signal handlers there) and only
-    over the default handler, so that a handler of the caller's own is kept.
-
-    Python runs the handler between bytecodes of the main thread, so a worker blocked inside
-    a collective ignores SIGTERM until the collective returns: at once when a peer stopped
-    first, within the communication timeout when a peer hangs. One that never returns (a peer
-    that never joins) is ended by SIGKILL: the scheduler's, the launcher's or the join
-    watchdog's."""
-    handler = _SigtermStop()
-    handler.installed = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    )
-    if handler.installed:
-        signal.signal(signal.SIGTERM, handler)
-    try:
-        yield handler
-    finally:
-        if handler.installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def exit_code(record: dict) -> int:
-    """The exit status of `train` for the chief's record: 0 completed, 143 (128 + SIGTERM)
-    stopped by SIGTERM, 1 otherwise (Ctrl-C's stopped record included)."""
-    if record["status"] == "completed":
-        return 0
-    if record["status"] == "stopped" and any(
-        w.startswith(SIGTERM_STOPPED) for w in record["warnings"]
-    ):
-        return Terminated.exit_code
-    return 1
-
-
-class WorkerRunEnded(Exception):
-    """A worker other than the chief saw the run end early: it exits non-zero (`code`) with
-    the reason (the chief writes the record), so that a scheduler never counts that task a
-    success."""
-
-    def __init__(self, rank: int, status: str, reason: str, code: int = 1):
-        super().__init__(f"worker {rank}: run {status}: {reason}")
-        self.code = code
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def checkpoint_due(training: TrainingConfig, epochs_done: int, seconds_since: float) -> bool:
-    """Whether the end of epoch `epochs_done` writes a checkpoint, `seconds_since` the last one
-    (or the segment's start): after the last epoch always; before it once
-    `checkpoint_minutes` of wall time have passed, or every `checkpoint_every` epochs (each 0:
-    never)."""
-    if epochs_done >= training.epochs:
-        return True
-    minutes, every = training.checkpoint_minutes, training.checkpoint_every
-    by_time = minutes > 0 and seconds_since >= 60 * minutes
-    return by_time or (every > 0 and epochs_done % every == 0)
-
-
-def cadence(training: TrainingConfig) -> str:
-    """`training`'s checkpoint cadence in words, for the record."""
-    minutes, every = training.checkpoint_minutes, training.checkpoint_every
-    ways = [f"every {minutes:g} min of wall time"] if minutes else []
-    ways += [f"every {every} epoch(s)"] if every else []
-    if not ways:
-        return "after the last epoch only"
-    return f"{' or '.join(ways)} (at an epoch's end), and after the last epoch"
-
-
-def save_checkpoint(trainer: Trainer, run_dir: RunDirectory, progress: Progress) -> None:
-    """The trainer's checkpoint under a new prefix, then the state naming it (atomically, with
-    the write's time in `progress.checkpoints`), then the ones before it removed: a kill at any
-    moment leaves a state whose checkpoint is whole."""
-    run_dir.checkpoints.mkdir(exist_ok=True)
-    started = time.monotonic()
-    done = progress.epochs_done
-    prefix = trainer.write_checkpoint(run_dir.checkpoint(done), done)
-    progress.checkpoints.append(
-        {
-            "epoch": progress.epochs_done,
-            "elapsed_s": progress.elapsed(),
-            "write_s": time.monotonic() - started,
-        }
-    )
-    state = {**asdict(progress), "checkpoint": str(prefix), "framework": trainer.framework}
-    record_io.write_atomic(run_dir.state, state, overwrite=True)
-    for old in run_dir.checkpoints.glob("ckpt*"):  # ckpt, ckpt-N.*, ckpt-N.pt, a _temp dir
-        if old.name == prefix.name or old.name.startswith(prefix.name + "."):
-            continue
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-
-
-def restore(trainer: Trainer, run_dir: RunDirectory, fingerprint_now: str) -> Progress:
-    """The progress and the trainer's model and optimizer of a stopped run's last checkpoint,
-    each checked first (`run_state`, then the trainer's own reading), so that nothing damaged
-    is found mid-training."""
-    state = run_state.read_state(run_dir.path)
-    if state["config_fingerprint"] != fingerprint_now:
-        raise UserError(
-            f"{run_dir}: it was started with another config; resume it with the "
-            "same benchmark, preset and --set values, or with --resume alone"
-        )
-    if state["framework"] != trainer.framework:
-        raise UserError(
-            f"{run_dir}: it was trained with {state['framework']}; resume it with "
-            f"--framework {state['framework']} (or --resume alone)"
-        )
-    prefix = run_state.checkpoint_prefix(run_dir.path, state)
-    held = trainer.read_checkpoint(prefix)  # None: written before checkpoints held it
-    if held is not None and held != state["epochs_done"]:
-        raise UserError(
-            f"{run_dir.state}: says {state['epochs_done']} epochs were done, but its "
-            f"checkpoint {prefix} holds {held}: resume refused"
-        )
-    del state["checkpoint"], state["framework"]
-    return Progress(**state)
-
-
 # ----------------------------------------------------------------------------- one run
 
 
@@ -303,11 +121,10 @@ class Run:
     resumed: bool
     progress: Progress
     mllog: MLLogger
-    view: object | None = None  # the chief's live view (and TensorBoard)
+    observers: Observers = field(default_factory=Observers)  # the chief's (run/observers.py)
     finished: bool = False  # resumed after its last epoch: only the lost record is rebuilt
     flops: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    tensorboard: TensorBoardView | None = None  # the chief's, when on
     trace: StepTrace | None = None
     saved_epochs: int | None = None  # epochs the last checkpoint holds
     clock: Callable[[], float] = time.monotonic  # what checkpoint cadence is measured by
@@ -343,30 +160,29 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-Build = Callable[[Setup, RunOptions, object], Trainer]
+Build = Callable[[Setup, RunOptions, Observers], Trainer]
 
 
 def run(
-    setup: Setup, options: RunOptions, build: Build, view=None
+    setup: Setup, options: RunOptions, build: Build, observers=()
 ) -> tuple[dict | None, Path | None]:
-    """Run the benchmark with the trainer `build` makes; returns (record, record path), or
-    (None, None) on a worker other than the chief (worker 0 writes the one record)."""
+    """Run the benchmark with the trainer `build` makes, watched by `observers` (a list, see
+    run/observers.py); returns (record, record path), or (None, None) on a worker other than
+    the chief (worker 0 writes the one record)."""
     init_start = time.time()
+    watchers = Observers(observers)
     with stop_on_sigterm() as sigterm, contextlib.ExitStack() as held:
         unlocked = None  # a note where the filesystem cannot lock the run directory
-        if options.resume:  # before the framework starts, and again on every worker
-            resumed = RunDirectory(options.resume)
-            if not resumed.config.is_file():
-                raise UserError(f"{resumed}: not a run directory (no {resumed.config.name})")
-            run_state.check_resumable(options.resume, setup.training.epochs)
-            if setup.training.strategy != "multi_worker":  # one process: its own writer, now
-                unlocked = held.enter_context(_hold(resumed))
-        trainer = build(setup, options, view)
+        plan = resume.plan_of(options.resume, setup.training.epochs)  # before the framework
+        options = replace(options, resume=plan)
+        if plan and setup.training.strategy != "multi_worker":  # one process: its own writer
+            unlocked = held.enter_context(_hold(plan.run_dir))
+        trainer = build(setup, options, watchers)
         try:
             sigterm.take_back()  # a framework joining its workers may have put its own in place
-            one = prepare(setup, options, trainer, view, init_start, held, unlocked)
+            one = prepare(setup, options, trainer, watchers, init_start, held, unlocked)
             if one.chief:
-                watch_in_tensorboard(one, options)
+                start_watching(one, options)
             initialise(one, options.meter_log)
             outcome = timed_run(one, options.power_hz, sigterm)
             return finish(one, outcome, options)
@@ -378,7 +194,7 @@ def prepare(
     setup: Setup,
     options: RunOptions,
     trainer: Trainer,
-    view,
+    observers: Observers,
     init_start: float,
     held: contextlib.ExitStack,
     unlocked: str | None = None,
@@ -389,7 +205,7 @@ def prepare(
     config_id = fingerprint(setup.config)
     chief = trainer.rank == 0
     if options.resume:
-        run_dir = RunDirectory(options.resume)
+        run_dir = options.resume.run_dir
         if chief and setup.training.strategy == "multi_worker":  # rank 0 known only now
             unlocked = held.enter_context(_hold(run_dir))
     elif chief:
@@ -406,7 +222,7 @@ def prepare(
     one = Run(
         setup, trainer, run_dir, bool(options.resume),
         Progress(config_fingerprint=config_id, init_start=init_start), mllog,
-        view=view if chief else None, warnings=list(trainer.warnings),
+        observers=observers if chief else Observers(), warnings=list(trainer.warnings),
     )  # fmt: skip
     one.warnings += [unlocked] if unlocked else []
     if options.resume:
@@ -423,13 +239,13 @@ def prepare(
 
 @contextlib.contextmanager
 def _hold(run_dir: RunDirectory) -> Iterator[str | None]:
-    """The run directory's lock while inside (run_directory.hold: a second writer is refused
+    """The run directory's lock while inside (directory.hold: a second writer is refused
     in one line), except in a worker of the `--workers` launcher, which holds it for all;
     yields the warning of a filesystem that cannot lock."""
-    if run_directory.inherited(run_dir, os.environ):
+    if directory.inherited(run_dir, os.environ):
         yield None
         return
-    lock = run_directory.hold(run_dir)
+    lock = directory.hold(run_dir)
     try:
         yield lock.warning
     finally:
@@ -446,26 +262,18 @@ def _check_profile_steps(one: Run, first: int, last: int) -> None:
         )
 
 
-def watch_in_tensorboard(one: Run, options: RunOptions) -> None:
-    """TensorBoard scalars beside the live view, and a profiler trace of the steps asked for
-    (inside the timed run, after warm-up: those steps are slower, and the record says so)."""
-    log_dir = one.run_dir.tensorboard
+def start_watching(one: Run, options: RunOptions) -> None:
+    """A profiler trace of the steps asked for (inside the timed run, after warm-up: those
+    steps are slower, and the record says so), and the observers told where the run lives."""
     if options.profile_steps:  # checked in `prepare`
-        one.trace = one.trainer.step_trace(log_dir, *options.profile_steps)
-    if options.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        one.warnings.append(
-            "TensorBoard scalars not written: the tensorboard package is not installed "
-            "(it comes with the cpu and cuda extras)"
-        )
-    elif options.tensorboard:
-        one.tensorboard = TensorBoardView(log_dir)
-        one.view = Views(one.view, one.tensorboard)
+        one.trace = one.trainer.step_trace(one.run_dir.tensorboard, *options.profile_steps)
+    one.warnings += one.observers.on_run_start(one.run_dir, one.setup)
 
 
 def _record_lost(one: Run) -> bool:
     """Whether a resumed run had already finished its epochs, so that only its record is
     rebuilt (one that was lost, or the stopped one a stop after the last checkpoint left;
-    `run_state.check_resumable` refused the run where a completed record is there)."""
+    `state.check_resumable` refused the run where a completed record is there)."""
     if one.progress.epochs_done < one.setup.training.epochs:
         return False
     one.warnings.append("the record was rebuilt by --resume from the run's saved state")
@@ -475,29 +283,29 @@ def _record_lost(one: Run) -> bool:
 def initialise(one: Run, meter_log: str | None) -> None:
     """Everything before the timed run: count the train step's FLOPs, warm it up (and, on the
     chief, the checkpoint writer), so that one-time costs stay out of the time to quality."""
-    if one.view:
-        one.view.message("tracing the train step, counting its FLOPs, warming it up")
+    if one.observers:
+        one.observers.message("tracing the train step, counting its FLOPs, warming it up")
     one.flops = one.trainer.count_flops()
     one.trainer.warm_up(checkpoints=one.chief)  # the chief writes the checkpoints
     if not one.resumed:
         one.mllog.end("init_stop")
     if one.chief and meter_log and not Path(meter_log).exists():
         one.warnings.append(f"{meter_log}: the meter log did not exist when the run started")
-        if one.view:
-            one.view.message(f"{meter_log} does not exist yet; it is read when the run ends")
+        if one.observers:
+            one.observers.message(f"{meter_log} does not exist yet; it is read when the run ends")
 
 
 # ----------------------------------------------------------------------------- the timed run
 
 
-def timed_run(one: Run, power_hz: float, sigterm: _SigtermStop | None = None) -> Outcome:
+def timed_run(one: Run, power_hz: float, sigterm: SigtermStop | None = None) -> Outcome:
     """Train to the epoch budget with power sampled on every worker's node. Whatever ends the
     run (divergence, Ctrl-C or SIGTERM, a lost peer, bad data, a defect) becomes its status
     and a warning: the record is still written (a SIGTERM after training only noted)."""
     if one.finished:
         note = "the record was rebuilt after the run: no readings beyond its checkpoint"
         return Outcome(notes=[note])
-    sampler, notes = start_power_sampling(power_hz, one.view)
+    sampler, notes = run_energy.start_power_sampling(power_hz, one.observers)
     if sampler:
         sampler.worker = one.rank  # its measurements and power-sample rows name this worker
     outcome = Outcome(sampler=sampler, notes=notes)
@@ -518,7 +326,7 @@ def timed_run(one: Run, power_hz: float, sigterm: _SigtermStop | None = None) ->
     finally:
         if sigterm:
             sigterm.defer = True  # the record is written whatever comes now
-        _stop_sampling(one, sampler)
+        run_energy.stop_sampling(one, sampler)
     return outcome
 
 
@@ -555,12 +363,12 @@ def train_epochs(one: Run, power=None) -> Progress:
 
 def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -> None:
     """One epoch's steps, the loss read (and checked) every `LOG_EVERY` steps and at the end."""
-    trainer, view, trace, mllog = one.trainer, one.view, one.trace, one.mllog
+    trainer, observers, trace, mllog = one.trainer, one.observers, one.trace, one.mllog
     steps, batch = trainer.steps_per_epoch, trainer.global_batch
     mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
     mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
-    if view:
-        view.epoch_start(epoch + 1, one.setup.training.epochs, steps)
+    if observers:
+        observers.on_epoch_start(epoch + 1, one.setup.training.epochs, steps)
     epoch_start = time.time()
     first_step = epoch * steps  # global steps before this epoch's
     value = math.nan
@@ -575,9 +383,9 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
             value = trainer.loss_value(loss)  # reading it back syncs the device
             if not math.isfinite(value):
                 raise diverged(value, epoch + 1, step + 1)
-            if view:
+            if observers:
                 rate = (step + 1) * batch / (time.time() - epoch_start)
-                view.step(step + 1, value, trainer.learning_rate(), rate)
+                observers.on_step(step + 1, value, trainer.learning_rate(), rate)
     seconds = time.time() - epoch_start
     progress = one.progress
     progress.examples += steps * batch
@@ -593,8 +401,8 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     )
     mllog.end("block_stop", metadata={"first_epoch_num": epoch + 1})
     mllog.end("epoch_stop", metadata={"epoch_num": epoch + 1})
-    if view:
-        view.epoch_end(epoch + 1, value, steps * batch / seconds)
+    if observers:
+        observers.on_epoch_end(epoch + 1, value, steps * batch / seconds)
 
 
 def evaluate(one: Run, epoch: int, segment_start: float) -> None:
@@ -614,8 +422,8 @@ def evaluate(one: Run, epoch: int, segment_start: float) -> None:
     )
     one.mllog.event("eval_accuracy", quality, metadata={"epoch_num": epoch + 1})
     one.mllog.end("eval_stop", metadata={"epoch_num": epoch + 1})
-    if one.view:
-        one.view.evaluation(epoch + 1, quality, one.setup.training.target_quality)
+    if one.observers:
+        one.observers.on_eval(epoch + 1, quality, one.setup.training.target_quality)
 
 
 def checkpoint(one: Run, segment_start: float, power) -> None:
@@ -634,115 +442,22 @@ def checkpoint(one: Run, segment_start: float, power) -> None:
     one.saved_epochs = snapshot.epochs_done
 
 
-def classify_failure(error: BaseException, one: Run) -> tuple[str, str, bool]:
-    """(status, warning, whether a peer was lost) for what ended a run early."""
-    where = one.run_dir or "RUN_DIR (the chief's run directory)"
-    if isinstance(error, Diverged):
-        return "diverged", str(error), False
-    if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
-        saved = one.saved_epochs
-        if not one.chief:  # the chief writes the checkpoints
-            resume = f"resume with --resume {where} (from the chief's last checkpoint)"
-        elif saved is None:
-            resume = "no checkpoint was written yet: it cannot be resumed"
-        else:
-            resume = (
-                f"the last checkpoint holds {saved}: resume with --resume {where} "
-                f"(it continues from epoch {saved + 1})"
-            )
-        done = one.progress.epochs_done
-        # The peers get it too, each at its own point of the loop: no energy collective after.
-        several = one.workers > 1
-        if isinstance(error, Terminated):
-            return "stopped", f"{SIGTERM_STOPPED} after {done} epoch(s); {resume}", several
-        return "stopped", f"interrupted by the user after {done} epoch(s); {resume}", several
-    failure = one.trainer.explain(error)
-    if failure and failure.kind == "data":
-        return (*data_failed(failure.detail), False)
-    if failure and failure.kind == "peer_lost" and one.workers > 1:
-        lost = f"lost contact with a peer worker ({failure.detail})"
-        return "stopped", f"{lost}; resume with --resume {where}", True
-    if failure:
-        return "failed", f"the run failed: {failure.detail}", False
-    if isinstance(error, UserError):
-        return "failed", f"the run failed: {error}", False
-    # A defect: still a record, and its traceback beside it.
-    logged = _write_traceback(one.run_dir if one.chief else None)
-    return "failed", f"the run failed: {error.__class__.__name__}: {error}{logged}", False
-
-
-def _stop_sampling(one: Run, sampler) -> None:
-    """Stop the sampler, add the last segment's energy, keep the readings (never fatal)."""
-    if not sampler:
-        return
-    sampler.stop()
-    if one.progress.segments:
-        last = one.progress.segments[-1]
-        one.progress.energy.append(sampler.measure([(last["start"], last["stop"])]))
-    if sampler.sources and one.samples_path:
-        try:
-            sampler.write_samples(one.samples_path)
-        except (OSError, UserError) as error:  # post-processing: never lose the run
-            one.warnings.append(f"power samples not written: {error}")
-
-
 # ----------------------------------------------------------------------------- the record
-
-
-def gather_energy(one: Run, outcome: Outcome) -> tuple[list[dict], list[str], int | None]:
-    """The other workers' energy over this segment, gathered on all workers (a collective),
-    notes naming the workers whose energy the record lacks (all of them where the run ended
-    without the collective: a lost peer, SIGTERM, a failure; or the collective failed), and
-    how many hosts the workers ran on (None where nothing was gathered)."""
-    if one.workers == 1:
-        return [], [], 1
-    if outcome.peer_lost or outcome.status == "failed":
-        if outcome.exit_code == Terminated.exit_code:
-            why = "the run was stopped by SIGTERM: no collective after it"
-        elif outcome.interrupted:
-            why = "the run was interrupted (Ctrl-C): no collective after it"
-        elif outcome.peer_lost:
-            why = "a peer worker was lost: no collective after it"
-        else:
-            why = "the run failed: a peer may never join a collective"
-        return [], [power.not_gathered(one.workers, "energy", why)], None
-    own = one.progress.energy[-1] if one.progress.energy else []
-    try:
-        rows = one.trainer.gather_rows(power.worker_vector(own))
-    except Exception as error:  # noqa: BLE001 - a failed collective costs the energy, not the run
-        why = f"the collective gathering them failed: {error.__class__.__name__}"
-        one.warnings.append(f"the other workers' energy could not be gathered ({why})")
-        return [], [power.not_gathered(one.workers, "energy", why)], None
-    vectors = [list(row) for row in rows]
-    others, notes = power.other_workers(vectors)
-    if len(one.progress.segments) > 1:
-        why = "only their last segment's readings are counted"
-        notes.append(power.not_gathered(one.workers, "energy before the last resume", why))
-    return others, notes, power.node_count(vectors)
 
 
 def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None, Path | None]:
     """Gather every node's energy, close the MLPerf log and write the record (the chief)."""
-    # A collective where every peer is there.
-    others, others_notes, nodes = gather_energy(one, outcome)
+    layers = _once(one.trainer.layers)
+    measured = run_energy.record_energy(one, outcome, options.power_hz, options.meter_log, layers)
     if not one.chief:
         if outcome.status != "completed":
             reason = "; ".join(one.warnings)
             raise WorkerRunEnded(one.rank, outcome.status, reason, outcome.exit_code)
         return None, None
-    layer_values = one.trainer.layers()
-    if nodes is None:  # not gathered: the cluster's hosts where the run's L3 names them
-        nodes = len(layer_values["L3"].get("nodes") or []) or None
-    energy, energy_warnings = energy_result(
-        one.progress, outcome.notes + others_notes, options.power_hz, options.meter_log, others,
-        nodes,
-    )  # fmt: skip
-    one.warnings += energy_warnings + streams.lost_warnings()
+    layer_values = layers()
+    energy, energy_warnings = measured
+    one.warnings += energy_warnings
     run_dir = one.run_dir
-    if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
-        status = "success" if outcome.status == "completed" else "aborted"
-        one.mllog.end("run_stop", metadata={"status": status})
-    one.mllog.close()
     sampled = outcome.sampler and outcome.sampler.sources
     artifacts = {
         "run_dir": str(run_dir),
@@ -751,62 +466,51 @@ def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None
         "checkpoint_cadence": cadence(one.setup.training),
         "checkpoints_written": one.progress.checkpoints,
         "power_samples": str(run_dir.power_samples) if sampled else None,
+        "tensorboard": None,  # an observer's (TensorBoard's), or the profiler trace's
+        "profile_trace": None,
     }
-    artifacts |= _tensorboard_artifacts(one)
+    one.observers.on_record(artifacts, one.warnings)
+    if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
+        status = "success" if outcome.status == "completed" else "aborted"
+        one.mllog.end("run_stop", metadata={"status": status})
+    one.mllog.close()
+    _trace_artifacts(one, artifacts)
     record = make_record(
         one.setup, layer_values, one.trainer.workload, one.progress, one.flops,
         outcome.status, one.warnings, artifacts, energy, framework=one.trainer.framework,
     )  # fmt: skip
     record_io.save(run_dir.record, record, overwrite=one.resumed)
-    if one.tensorboard:
-        _finish_tensorboard(one, record, layer_values, outcome.sampler)
+    one.observers.on_end(record, layer_values, outcome.sampler, one.progress.epochs_done)
     return record, run_dir.record
 
 
-def _tensorboard_artifacts(one: Run) -> dict:
-    """Where the run's TensorBoard scalars and profiler trace are; a trace is a warning too,
-    since the profiler slows the steps it traces."""
+def _once(layers: Callable[[], dict]) -> Callable[[], dict]:
+    """`layers`, asked for at most once: the trainer's L1-L9, for the energy and the record."""
+    held = []
+
+    def once() -> dict:
+        if not held:
+            held.append(layers())
+        return held[0]
+
+    return once
+
+
+def _trace_artifacts(one: Run, artifacts: dict) -> None:
+    """Where the run's profiler trace is; a trace is a warning too, since the profiler slows
+    the steps it traces."""
     trace = one.trace
-    files = [str(path) for path in trace.files()] if trace else []
-    if trace:
-        one.warnings.append(
-            f"train steps {trace.first}-{trace.last} were traced by {trace.profiler}, "
-            "which slows them: the time to quality includes that"
-            if files
-            else f"no profiler trace was written for train steps {trace.first}-{trace.last}"
-        )
-    written = one.tensorboard or trace
-    return {
-        "tensorboard": str(one.run_dir.tensorboard) if written else None,
-        "profile_trace": files or None,
-    }
-
-
-def _finish_tensorboard(one: Run, record: dict, layer_values: dict, sampler) -> None:
-    """The run's layers (HParams), power and score in TensorBoard; never fatal."""
-    from hpcai500_tf.results import scoring
-
-    board = one.tensorboard
-    try:
-        board.run_layers(one.run_dir.name, layer_values)
-        if sampler and sampler.sources:
-            board.power(sampler)
-        if record["status"] == "completed" and record["quality"]["measured"]:
-            with contextlib.suppress(UserError):
-                board.score(one.progress.epochs_done, scoring.score(record, one.setup.benchmark))
-    finally:
-        board.close()
-
-
-def _write_traceback(run_dir: RunDirectory | None) -> str:
-    """The current exception's traceback in RUN_DIR/error.log; a note saying where."""
-    if run_dir is None:
-        return ""
-    try:
-        run_dir.error_log.write_text(traceback.format_exc())
-    except OSError:
-        return ""
-    return f" (traceback in {run_dir.error_log})"
+    if not trace:
+        return
+    files = [str(path) for path in trace.files()]
+    one.warnings.append(
+        f"train steps {trace.first}-{trace.last} were traced by {trace.profiler}, "
+        "which slows them: the time to quality includes that"
+        if files
+        else f"no profiler trace was written for train steps {trace.first}-{trace.last}"
+    )
+    artifacts["tensorboard"] = str(one.run_dir.tensorboard)
+    artifacts["profile_trace"] = files or None
 
 
 def _tail(path: Path, size: int = 4096) -> str:
