@@ -242,6 +242,32 @@ def test_a_moved_run_directory_resumes_from_its_own_checkpoint(stopped_run, tmp_
     assert done["status"] == "completed" and len(done["timeline"]["epochs"]) == 5
 
 
+def test_the_cli_checks_a_resume_once_and_hands_the_lifecycle_its_plan(
+    stopped_run, tmp_path, monkeypatch
+):
+    """`train --resume` checks the run directory once (run/resume.py's plan, made before any
+    framework loads); the lifecycle continues that plan and checks nothing of it again."""
+    from hpcai500_tf.run.resume import Plan
+
+    run_dir = copy_of(stopped_run, tmp_path)
+    checked, given = [], []
+    check_resumable = run_state.check_resumable
+    monkeypatch.setattr(
+        run_state, "check_resumable", lambda *a: checked.append(a) or check_resumable(*a)
+    )
+
+    def build_trainer(setup, options, observers):
+        given.append(options.resume)
+        raise UserError("stopped here: the trainer is not built")
+
+    monkeypatch.setattr(run, "build_trainer", build_trainer)
+    assert main([part.format(run_dir) for part in RESUME]) == 2
+    assert len(checked) == 1
+    (plan,) = given
+    assert isinstance(plan, Plan) and plan.run_dir.path == run_dir
+    assert plan.framework == "tensorflow"
+
+
 def test_a_stopped_record_after_the_last_epoch_is_rebuilt_complete(tmp_path):
     """A stop between the last checkpoint and the record leaves a stopped record of a run
     whose epochs are all done: the resume rebuilds it as completed, once; then it is done."""
