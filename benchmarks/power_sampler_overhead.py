@@ -46,19 +46,20 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from hpcai500_tf import lifecycle
     from hpcai500_tf.config import prepare
     from hpcai500_tf.energy.sampler import PowerSampler
     from hpcai500_tf.energy.sources import discover
     from hpcai500_tf.engine.run import build_trainer
     from hpcai500_tf.mlperf.mllog import MLLogger
-    from hpcai500_tf.run.run_record import Progress
+    from hpcai500_tf.run import lifecycle
+    from hpcai500_tf.run.options import RunOptions
+    from hpcai500_tf.run.progress import Progress
 
     overrides = args.set or ["data.train_examples=8192"]
     setup = prepare(
         "image_classification", "tiny", ["data.source=random", "training.epochs=1", *overrides]
     )
-    trainer = build_trainer(setup, lifecycle.RunOptions())
+    trainer = build_trainer(setup, RunOptions())
     trainer.engine.warm_up(trainer.engine.synthetic_batch())
 
     def train_epochs(kind: str, sampler=None):

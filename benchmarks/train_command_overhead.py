@@ -45,8 +45,9 @@ def measure_full(
     preset: str, epochs: int, extra: list[str], tensorboard: bool = True, framework="tensorflow"
 ) -> float:
     from hpcai500_tf.config import prepare
-    from hpcai500_tf.lifecycle import RunOptions
     from hpcai500_tf.report.live import LiveView
+    from hpcai500_tf.report.tensorboard import TensorBoard
+    from hpcai500_tf.run.options import RunOptions
 
     if framework == "pytorch":
         from hpcai500_tf.pytorch.train import run
@@ -56,7 +57,8 @@ def measure_full(
     view = LiveView()
     with tempfile.TemporaryDirectory() as out:
         try:
-            record, _ = run(setup, RunOptions(out_dir=out, tensorboard=tensorboard), view)
+            board = TensorBoard() if tensorboard else None
+            record, _ = run(setup, RunOptions(out_dir=out), [view, board])
         finally:
             view.close()
     seconds = sum(s["stop"] - s["start"] for s in record["timeline"]["segments"])
@@ -65,7 +67,7 @@ def measure_full(
 
 def measure_bare(preset: str, epochs: int, extra: list[str], framework="tensorflow") -> float:
     from hpcai500_tf.config import prepare
-    from hpcai500_tf.lifecycle import RunOptions
+    from hpcai500_tf.run.options import RunOptions
 
     setup = prepare("image_classification", preset, overrides(epochs, extra))
     if framework == "pytorch":

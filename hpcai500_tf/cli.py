@@ -114,20 +114,9 @@ def _framework(args: argparse.Namespace) -> str:
     one line where they disagree."""
     if not args.resume:
         return args.framework or "tensorflow"
-    from hpcai500_tf.run import run_state
-    from hpcai500_tf.run.run_directory import CONFIG_FILE
+    from hpcai500_tf.run import resume
 
-    run_dir = Path(args.resume)
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise UserError(f"{args.resume}: not a run directory (no {CONFIG_FILE})")
-    run_state.check_run_files(run_dir)
-    trained = run_state.read_state(run_dir)["framework"]
-    if args.framework and args.framework != trained:
-        raise UserError(
-            f"{args.resume}: it was trained with {trained}; resume it with --framework "
-            f"{trained} (or --resume alone)"
-        )
-    return trained
+    return resume.trained_with(args.resume, args.framework)
 
 
 def _backend(framework: str):
@@ -152,8 +141,9 @@ def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
     from hpcai500_tf.energy.sampler import check_rate
     from hpcai500_tf.engine.cluster import strategy_overrides
-    from hpcai500_tf.lifecycle import RunOptions, WorkerRunEnded, exit_code
     from hpcai500_tf.report.streams import keep_console
+    from hpcai500_tf.run.options import RunOptions
+    from hpcai500_tf.run.status import WorkerRunEnded, exit_code
 
     keep_console()  # a console that goes away (`| head`) ends the output, never the run
     check_rate("--power-hz", args.power_hz, may_be_off=True)
@@ -164,13 +154,14 @@ def _train(args: argparse.Namespace) -> int:
         raise UserError("--device is for --framework pytorch (TensorFlow uses what it sees)")
     launching = args.workers is not None
     overrides = [*args.set, *strategy_overrides(launching, framework)]
+    plan = None
     if args.resume:  # validated before any framework loads
         setup = config.resume_setup(
             args.resume, args.benchmark, args.preset, overrides, args.config
         )
-        from hpcai500_tf.run import run_state
+        from hpcai500_tf.run import resume
 
-        run_state.check_resumable(args.resume, setup.training.epochs)
+        plan = resume.plan(args.resume, setup.training.epochs)
     else:
         setup = config.run_setup(args.benchmark, args.preset, overrides, args.config)
     if launching:
@@ -183,11 +174,10 @@ def _train(args: argparse.Namespace) -> int:
     options = RunOptions(
         data_dir=args.data,
         out_dir=args.out,
-        resume=args.resume,
+        resume=plan,
         power_hz=args.power_hz,
         meter_log=args.meter_log,
         run_dir=args.run_dir,
-        tensorboard=args.tensorboard,
         profile_steps=args.profile_steps,
         allow_cpu=args.allow_cpu,
         device=args.device,
@@ -195,13 +185,16 @@ def _train(args: argparse.Namespace) -> int:
     backend = _backend(framework)
     from hpcai500_tf.report.console import console, escape, score_table
     from hpcai500_tf.report.live import LiveView
+    from hpcai500_tf.report.streams import LostStreams
+    from hpcai500_tf.report.tensorboard import TensorBoard
     from hpcai500_tf.results import scoring
 
     title = f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'"
     console.print(title + (" (PyTorch)" if framework == "pytorch" else ""))
     view = LiveView()
     try:
-        record, path = backend.run(setup, options, view)
+        board = TensorBoard() if args.tensorboard else None
+        record, path = backend.run(setup, options, [view, board, LostStreams()])
     except WorkerRunEnded as ended:
         print(f"hpcai500-tf: {one_line(ended)}", file=sys.stderr, flush=True)
         backend.end_worker(ended.code)  # TensorFlow's shutdown would wait for a peer

@@ -40,8 +40,8 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
-from hpcai500_tf.run import run_directory
-from hpcai500_tf.run.run_directory import INHERITED_LOCK, RunDirectory
+from hpcai500_tf.run import directory as run_directory
+from hpcai500_tf.run.directory import INHERITED_LOCK, RunDirectory
 
 MAX_WORKERS = 128
 TERM_GRACE_S = 5.0

@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, lifecycle, record
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.integrate import RunningEnergy, energy_over
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.lifecycle import checkpoint_due
 from hpcai500_tf.mlperf.mllog import MLLogger
-from hpcai500_tf.run.run_directory import RunDirectory
-from hpcai500_tf.run.run_record import Progress, fingerprint
+from hpcai500_tf.run import lifecycle
+from hpcai500_tf.run.checkpoints import checkpoint_due
+from hpcai500_tf.run.directory import RunDirectory
+from hpcai500_tf.run.progress import Progress, fingerprint
 
 from .test_train import StopBeforeEpoch
 
@@ -135,7 +136,7 @@ def test_a_run_checkpointed_only_at_its_end_rebuilds_its_lost_record(tmp_path, c
 
 def test_a_run_stopped_before_any_checkpoint_says_it_cannot_be_resumed(tmp_path):
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3", *ONLY_AT_END])
-    stopped, _ = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=0)
+    stopped, _ = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=0)
     assert stopped["status"] == "stopped"
     assert any("no checkpoint was written yet" in w for w in stopped["warnings"])
 
@@ -147,7 +148,7 @@ def test_a_run_stopped_after_a_wall_time_checkpoint_resumes_from_it(tmp_path):
         "training.checkpoint_minutes=1e-6",
     ]
     setup = config.prepare("image_classification", "tiny", by_time)
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=0)
+    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=0)
     assert stopped["status"] == "stopped" and stopped["artifacts"]["checkpoint_cadence"] == (
         "every 1e-06 min of wall time (at an epoch's end), and after the last epoch"
     )

@@ -124,7 +124,8 @@ def _run(argv):
 def test_a_meter_log_too_small_to_score_leaves_energy_not_measured(tmp_path):
     """5e-324 W is a reading (finite, not negative) whose score per watt overflows: the run's
     record says energy was not measured and why, and stays scorable."""
-    from hpcai500_tf.run.run_record import Progress, energy_result
+    from hpcai500_tf.run.energy import energy_result
+    from hpcai500_tf.run.progress import Progress
 
     log = tmp_path / "meter.csv"
     log.write_text("".join(f"{1000 + t},5e-324\n" for t in range(0, 30)))

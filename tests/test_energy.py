@@ -516,9 +516,9 @@ def fake_rapl_counter(monkeypatch, root: Path, watts: float) -> None:
 
 def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch):
     from hpcai500_tf.engine import run
-    from hpcai500_tf.run import run_record
+    from hpcai500_tf.run import energy as run_energy
 
-    monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    monkeypatch.setattr(run_energy, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     now = time.time()
     meter = _log(tmp_path, "".join(f"{now - 30 + t},{300 + t % 2}\n" for t in range(600)))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
@@ -547,14 +547,14 @@ class FakeNVMLMissing(FakeNVML):
 
 def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, monkeypatch):
     from hpcai500_tf.engine import run
-    from hpcai500_tf.run import run_record
+    from hpcai500_tf.run import energy as run_energy
 
     from .test_train import StopBeforeEpoch
 
-    monkeypatch.setattr(run_record, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    monkeypatch.setattr(run_energy, "discover", lambda: discover(FakeNVMLMissing(), powercap))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
     fake_rapl_counter(monkeypatch, powercap, watts=40.0)
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=20)
+    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=20)
     time.sleep(1.0)  # between the processes: not part of the run
     done, _ = run.run_benchmark(setup, None, tmp_path, resume=str(path.parent), power_hz=20)
     first, whole = stopped["energy"], done["energy"]
@@ -576,7 +576,8 @@ def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, mo
     ],
 )
 def test_a_meter_log_that_cannot_serve_is_a_warning_not_a_lost_run(tmp_path, content, warning):
-    from hpcai500_tf.run.run_record import Progress, energy_result
+    from hpcai500_tf.run.energy import energy_result
+    from hpcai500_tf.run.progress import Progress
 
     progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
     meter = _log(tmp_path, content)
@@ -716,18 +717,18 @@ def _timed(tmp_path, monkeypatch, rank: int, workers: int, ending=None):
     """A worker's timed run, sampling a fake 50 W package: (the run, its outcome)."""
     from types import SimpleNamespace
 
-    from hpcai500_tf import lifecycle
     from hpcai500_tf.mlperf.mllog import MLLogger
-    from hpcai500_tf.run import run_record
-    from hpcai500_tf.run.run_directory import RunDirectory
+    from hpcai500_tf.run import energy as run_energy
+    from hpcai500_tf.run import lifecycle, progress
+    from hpcai500_tf.run.directory import RunDirectory
 
     start = time.time()
     package = Source("rapl:package-0", "CPU package", "counter", "fake RAPL",
                      read_value=lambda: 50.0 * (time.time() - start))  # fmt: skip
-    monkeypatch.setattr(run_record, "discover", lambda: ([package], []))
+    monkeypatch.setattr(run_energy, "discover", lambda: ([package], []))
     monkeypatch.setattr(lifecycle, "train_epochs", _one_segment(ending))
     trainer = SimpleNamespace(workers=workers, rank=rank, explain=lambda error: None)
-    bench = lifecycle.Run(None, trainer, RunDirectory(tmp_path), False, run_record.Progress("x"),
+    bench = lifecycle.Run(None, trainer, RunDirectory(tmp_path), False, progress.Progress("x"),
                           MLLogger(None))  # fmt: skip
     return bench, lifecycle.timed_run(bench, 20.0)
 
@@ -742,14 +743,14 @@ def test_a_workers_power_sample_rows_name_it(tmp_path, monkeypatch):
 def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
     tmp_path, monkeypatch, published_record
 ):
-    from hpcai500_tf import lifecycle
-    from hpcai500_tf.run import run_record
+    from hpcai500_tf.run import energy as run_energy
+    from hpcai500_tf.run.status import Terminated
 
-    bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=lifecycle.Terminated())
+    bench, outcome = _timed(tmp_path, monkeypatch, rank=0, workers=8, ending=Terminated())
     assert outcome.status == "stopped" and outcome.peer_lost
-    others, notes, nodes = lifecycle.gather_energy(bench, outcome)  # no collective: stopping
+    others, notes, nodes = run_energy.gather_energy(bench, outcome)  # no collective: stopping
     assert nodes is None  # not gathered: unknown
-    energy, _ = run_record.energy_result(bench.progress, outcome.notes + notes, 20.0, None, others)
+    energy, _ = run_energy.energy_result(bench.progress, outcome.notes + notes, 20.0, None, others)
     missing = "workers 1-7: energy not gathered (the run was stopped by SIGTERM: no collective"
     assert energy["measured"] and energy["scope"] == "1 CPU package only"
     assert any(item.startswith(missing) for item in energy["parts_not_measured"])
@@ -779,17 +780,19 @@ def test_a_stopped_multi_worker_record_names_the_workers_it_lacks(
 def test_a_run_that_ended_without_gathering_says_whose_energy_is_missing(outcome, why):
     from types import SimpleNamespace
 
-    from hpcai500_tf import lifecycle
+    from hpcai500_tf.run import energy as run_energy
+    from hpcai500_tf.run import lifecycle
 
     two_workers = SimpleNamespace(workers=2)
     notes = [f"worker 1: energy not gathered ({why})"]
-    assert lifecycle.gather_energy(two_workers, lifecycle.Outcome(**outcome)) == ([], notes, None)
+    assert run_energy.gather_energy(two_workers, lifecycle.Outcome(**outcome)) == ([], notes, None)
 
 
 def _meter_run(tmp_path, nodes, others=()):
     """A 10 s run's energy block measured by a meter log at 300 W (worker 0's node), the run's
     workers on `nodes` nodes."""
-    from hpcai500_tf.run.run_record import Progress, energy_result
+    from hpcai500_tf.run.energy import energy_result
+    from hpcai500_tf.run.progress import Progress
 
     progress = Progress("x", segments=[{"start": 1000.0, "stop": 1010.0}], energy=[[]])
     meter = _log(tmp_path, "".join(f"{995 + t},300\n" for t in range(20)))
@@ -827,13 +830,13 @@ def test_a_gathered_run_counts_the_meter_logs_nodes_from_the_workers_hosts(monke
     """gather_energy's node count: the distinct hosts of the gathered vectors."""
     from types import SimpleNamespace
 
-    from hpcai500_tf import lifecycle
-    from hpcai500_tf.run import run_record
+    from hpcai500_tf.run import energy as run_energy
+    from hpcai500_tf.run import lifecycle, progress
 
     for hosts, expected in ((["a", "a"], 1), (["a", "b"], 2)):
         vectors = [_worker(monkeypatch, host, rank, "0")[1] for rank, host in enumerate(hosts)]
         trainer = SimpleNamespace(gather_rows=lambda own, rows=vectors: rows)
         one = SimpleNamespace(workers=2, trainer=trainer, warnings=[],
-                              progress=run_record.Progress("x", energy=[[]]))  # fmt: skip
-        _, _, nodes = lifecycle.gather_energy(one, lifecycle.Outcome())
+                              progress=progress.Progress("x", energy=[[]]))  # fmt: skip
+        _, _, nodes = run_energy.gather_energy(one, lifecycle.Outcome())
         assert nodes == expected

@@ -473,7 +473,7 @@ def test_a_stopped_record_says_which_epoch_resume_continues_from(tmp_path):
     from .test_train import StopBeforeEpoch
 
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3), power_hz=0)
+    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=0)
     state = json.loads((path.parent / "state.json").read_text())
     assert stopped["status"] == "stopped" and state["epochs_done"] == 2
     assert any(

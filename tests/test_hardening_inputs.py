@@ -109,8 +109,8 @@ def test_power_refuses_bad_rates(arguments, message, capsys):
 def test_resume_state_of_the_wrong_shape_names_the_file(tmp_path, state):
     from dataclasses import asdict
 
-    from hpcai500_tf.run.run_record import Progress
-    from hpcai500_tf.run.run_state import STATE_FILE, read_state
+    from hpcai500_tf.run.progress import Progress
+    from hpcai500_tf.run.state import STATE_FILE, read_state
 
     valid = {**asdict(Progress(config_fingerprint="f")), "checkpoint": "ckpt-1"}
     valid["framework"] = "tensorflow"

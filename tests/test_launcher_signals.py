@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpcai500_tf import launch, record
-from hpcai500_tf import lifecycle as run
-from hpcai500_tf.run.run_directory import RunDirectory
+from hpcai500_tf.run import status as run
+from hpcai500_tf.run.directory import RunDirectory
 
 # A worker that says which signal it got in its exit code (100 + the signal's number).
 WORKER = (

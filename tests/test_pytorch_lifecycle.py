@@ -1,4 +1,4 @@
-"""The PyTorch side runs the one lifecycle (lifecycle.py): a stopped run resumes from its
+"""The PyTorch side runs the one lifecycle (run/lifecycle.py): a stopped run resumes from its
 checkpoint to a whole record, a damaged checkpoint or the other framework's resume is one line,
 several workers train one run through torch.distributed (the launcher's and torchrun's), and
 TensorBoard scalars and a torch.profiler trace are written as on the TensorFlow side. Every
@@ -36,12 +36,12 @@ def train(*args: str, probe: str = "", timeout: int = 300) -> subprocess.Complet
 
 STOP_BEFORE_EPOCH_3 = (
     "from hpcai500_tf.report import live\n"
-    "shown = live.LiveView.epoch_start\n"
+    "shown = live.LiveView.on_epoch_start\n"
     "def epoch_start(self, epoch, epochs, steps):\n"
     "    if epoch == 3:\n"
     "        raise KeyboardInterrupt\n"
     "    shown(self, epoch, epochs, steps)\n"
-    "live.LiveView.epoch_start = epoch_start\n"
+    "live.LiveView.on_epoch_start = epoch_start\n"
 )
 
 
@@ -191,7 +191,7 @@ def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed
     probe.write_text(
         "import json, sys\n"
         "from hpcai500_tf import config\n"
-        "from hpcai500_tf.lifecycle import RunOptions\n"
+        "from hpcai500_tf.run.options import RunOptions\n"
         "from hpcai500_tf.pytorch.train import TorchTrainer\n"
         "if __name__ == '__main__':  # the feeder process, spawned, imports this file\n"
         "    sys.modules['tensorflow'] = None\n"
@@ -230,9 +230,9 @@ def test_bad_data_the_data_process_meets_mid_run_is_the_tensorflow_sides_words()
     from collections import deque
 
     from hpcai500_tf.errors import UserError
-    from hpcai500_tf.lifecycle import Failure
     from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
     from hpcai500_tf.pytorch.train import TorchTrainer
+    from hpcai500_tf.run.lifecycle import Failure
 
     feeder = object.__new__(Feeder)
     feeder._pending, feeder._closed = {}, set()

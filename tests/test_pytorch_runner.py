@@ -123,7 +123,11 @@ def test_the_runner_process_refuses_tensorflow(torch_installed, tmp_path):
 
 
 SHARED_WITHOUT_TENSORFLOW = (
-    "hpcai500_tf.run.run_record",
+    "hpcai500_tf.run.progress",
+    "hpcai500_tf.run.record",
+    "hpcai500_tf.run.energy",
+    "hpcai500_tf.run.status",
+    "hpcai500_tf.run.mlperf_log",
     "hpcai500_tf.results.record_builder",
     "hpcai500_tf.record",
     "hpcai500_tf.validation",
@@ -134,9 +138,9 @@ SHARED_WITHOUT_TENSORFLOW = (
     "hpcai500_tf.mlperf.mllog",
     "hpcai500_tf.engine.devices",  # bf16 against the GPU generation
     "hpcai500_tf.config",
-    "hpcai500_tf.lifecycle",
+    "hpcai500_tf.run.lifecycle",
     "hpcai500_tf.report.tensorboard",
-    "hpcai500_tf.run.run_directory",
+    "hpcai500_tf.run.directory",
     "hpcai500_tf.engine.cluster",  # the CLI's strategy override, before any framework loads
 )
 

@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcai500_tf import config, lifecycle, record
+from hpcai500_tf import config, record
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.report.console import score_table
 from hpcai500_tf.report.pages import _score_section
 from hpcai500_tf.results import scoring
-from hpcai500_tf.run import run_record
+from hpcai500_tf.run import energy, lifecycle
+from hpcai500_tf.run.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,12 +32,12 @@ def _board(worker: int, joules: float) -> dict:
 def _energy(workers: int, collective) -> dict:
     """The energy block the chief of a completed run of `workers` writes, its own board at
     300 W and each other's at 200 W, gathered by `collective` (a row per worker)."""
-    progress = run_record.Progress("x", segments=[{"start": 0.0, "stop": 10.0}])
+    progress = Progress("x", segments=[{"start": 0.0, "stop": 10.0}])
     progress.energy = [[_board(0, 3000.0)]]
     one = SimpleNamespace(workers=workers, progress=progress, warnings=[],
                           trainer=SimpleNamespace(gather_rows=collective))  # fmt: skip
-    others, notes, nodes = lifecycle.gather_energy(one, lifecycle.Outcome(status="completed"))
-    block, _ = run_record.energy_result(progress, notes, 10.0, None, others, nodes)
+    others, notes, nodes = energy.gather_energy(one, lifecycle.Outcome(status="completed"))
+    block, _ = energy.energy_result(progress, notes, 10.0, None, others, nodes)
     return block
 
 

@@ -19,8 +19,9 @@ from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.engine import run
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import run_state
-from hpcai500_tf.run.run_record import Progress, make_record
+from hpcai500_tf.run import state as run_state
+from hpcai500_tf.run.progress import Progress
+from hpcai500_tf.run.record import make_record
 
 from . import test_hardening  # noqa: F401  (loads the Hypothesis profile)
 from .test_train import StopBeforeEpoch
@@ -36,7 +37,7 @@ def stopped_run(tmp_path_factory) -> Path:
         "image_classification", "tiny", ["training.epochs=5", "training.checkpoint_every=1"]
     )
     out = tmp_path_factory.mktemp("stopped")
-    stopped, path = run.run_benchmark(setup, None, out, view=StopBeforeEpoch(4), power_hz=0)
+    stopped, path = run.run_benchmark(setup, None, out, view=[StopBeforeEpoch(4)], power_hz=0)
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 3
     return path.parent
 
@@ -239,6 +240,32 @@ def test_a_moved_run_directory_resumes_from_its_own_checkpoint(stopped_run, tmp_
     assert main([part.format(run_dir) for part in RESUME]) == 0
     done = record.load(run_dir / "record.json")
     assert done["status"] == "completed" and len(done["timeline"]["epochs"]) == 5
+
+
+def test_the_cli_checks_a_resume_once_and_hands_the_lifecycle_its_plan(
+    stopped_run, tmp_path, monkeypatch
+):
+    """`train --resume` checks the run directory once (run/resume.py's plan, made before any
+    framework loads); the lifecycle continues that plan and checks nothing of it again."""
+    from hpcai500_tf.run.resume import Plan
+
+    run_dir = copy_of(stopped_run, tmp_path)
+    checked, given = [], []
+    check_resumable = run_state.check_resumable
+    monkeypatch.setattr(
+        run_state, "check_resumable", lambda *a: checked.append(a) or check_resumable(*a)
+    )
+
+    def build_trainer(setup, options, observers):
+        given.append(options.resume)
+        raise UserError("stopped here: the trainer is not built")
+
+    monkeypatch.setattr(run, "build_trainer", build_trainer)
+    assert main([part.format(run_dir) for part in RESUME]) == 2
+    assert len(checked) == 1
+    (plan,) = given
+    assert isinstance(plan, Plan) and plan.run_dir.path == run_dir
+    assert plan.framework == "tensorflow"
 
 
 def test_a_stopped_record_after_the_last_epoch_is_rebuilt_complete(tmp_path):

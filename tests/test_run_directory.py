@@ -11,11 +11,11 @@ import pytest
 
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import check_output_directory
-from hpcai500_tf.run import run_directory
-from hpcai500_tf.run.run_directory import RunDirectory
-from hpcai500_tf.run.run_state import RUN_FILES
+from hpcai500_tf.run import directory as run_directory
+from hpcai500_tf.run.directory import RunDirectory
+from hpcai500_tf.run.state import RUN_FILES
 
-PACKAGE = Path(run_directory.__file__).resolve().parent
+PACKAGE = Path(run_directory.__file__).resolve().parents[1]
 STAMP = r"\d{8}-\d{6}"
 # Every file and directory a run directory holds, by its property.
 PROPERTIES = [
@@ -176,7 +176,7 @@ def test_no_module_but_run_directory_spells_a_run_file_name():
     spelled = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
-        if relative == "run_directory.py":
+        if relative == "run/directory.py":
             continue
         found = [
             f"line {line}: {literal!r}"

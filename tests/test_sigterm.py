@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcai500_tf import launch, record
-from hpcai500_tf import lifecycle as run
+from hpcai500_tf.run import status as run
 
 EPOCHS = ["--set", "training.epochs=6"]
 

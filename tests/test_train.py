@@ -130,7 +130,7 @@ class StopBeforeEpoch:
     def __init__(self, stop_at):
         self.stop_at = stop_at
 
-    def epoch_start(self, epoch, epochs, steps):
+    def on_epoch_start(self, epoch, epochs, steps):
         if epoch == self.stop_at:
             raise KeyboardInterrupt
 
@@ -140,7 +140,7 @@ class StopBeforeEpoch:
 
 def test_resume_continues_without_double_counting(tmp_path):
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(3))
+    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)])
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
     run_dir = path.parent
     assert main(["train", "--resume", str(run_dir)]) == 0  # the saved config, alone
@@ -159,12 +159,13 @@ def test_resume_continues_without_double_counting(tmp_path):
 def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
     import numpy as np
 
-    from hpcai500_tf import lifecycle
-    from hpcai500_tf.run.run_directory import RunDirectory
-    from hpcai500_tf.run.run_record import Progress
+    from hpcai500_tf.run import checkpoints
+    from hpcai500_tf.run.directory import RunDirectory
+    from hpcai500_tf.run.options import RunOptions
+    from hpcai500_tf.run.progress import Progress
 
     setup = config.prepare("image_classification", "tiny", [])
-    trainer = run.build_trainer(setup, lifecycle.RunOptions())
+    trainer = run.build_trainer(setup, RunOptions())
     engine = trainer.engine
     engine.warm_up_checkpoints()
     batches = trainer.train_batches(0)
@@ -174,12 +175,12 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
         config_fingerprint="x", epochs_done=1, examples=32, epochs=[epoch],
         segments=[{"start": 10.0, "stop": 11.0}], energy=[[]], init_start=9.0, run_start=10.0,
     )  # fmt: skip
-    lifecycle.save_checkpoint(trainer, RunDirectory(tmp_path), progress)
+    checkpoints.save_checkpoint(trainer, RunDirectory(tmp_path), progress)
     variables = [*engine.model.variables, *engine.optimizer.variables]
     saved = [v.numpy().copy() for v in variables]
     trainer.train_step(next(batches))
     assert any(not np.array_equal(s, v.numpy()) for s, v in zip(saved, variables, strict=True))
-    progress = lifecycle.restore(trainer, RunDirectory(tmp_path), "x")
+    progress = checkpoints.restore(trainer, RunDirectory(tmp_path), "x")
     assert progress.epochs_done == 1
     for value, variable in zip(saved, variables, strict=True):
         np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.path)
@@ -187,7 +188,7 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
 
 def test_resume_with_another_config_is_refused(tmp_path, capsys):
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    _, path = run.run_benchmark(setup, None, tmp_path, view=StopBeforeEpoch(2))
+    _, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(2)])
     assert (
         main(["train", "image_classification", "--preset", "tiny", "--resume", str(path.parent)])
         == 2

@@ -22,10 +22,11 @@ from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Engine
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.lifecycle import Failure, RunOptions
-from hpcai500_tf.lifecycle import run as run_lifecycle
 from hpcai500_tf.measure.flops import count_function
-from hpcai500_tf.run.run_record import fingerprint
+from hpcai500_tf.run.lifecycle import Failure
+from hpcai500_tf.run.lifecycle import run as run_lifecycle
+from hpcai500_tf.run.options import RunOptions
+from hpcai500_tf.run.progress import fingerprint
 from hpcai500_tf.workloads import build_workload
 
 

@@ -39,8 +39,6 @@ from hpcai500_tf import benchmark_layers
 from hpcai500_tf.config import Setup, peak_learning_rate, precision_policy_on
 from hpcai500_tf.engine.cluster import JoinWatchdog
 from hpcai500_tf.errors import UserError, first_line
-from hpcai500_tf.lifecycle import Failure, RunOptions
-from hpcai500_tf.lifecycle import run as run_lifecycle
 from hpcai500_tf.pytorch import distributed
 from hpcai500_tf.pytorch.build import (
     check_mixed_precision,
@@ -50,7 +48,10 @@ from hpcai500_tf.pytorch.build import (
     torch_build,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
-from hpcai500_tf.run.run_record import fingerprint
+from hpcai500_tf.run.lifecycle import Failure
+from hpcai500_tf.run.lifecycle import run as run_lifecycle
+from hpcai500_tf.run.options import RunOptions
+from hpcai500_tf.run.progress import fingerprint
 
 
 def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:

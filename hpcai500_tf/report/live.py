@@ -1,6 +1,7 @@
 """The live view of a training run: a progress bar per epoch, a line per epoch and evaluation.
 
-Refreshes at most twice a second from its own thread, so it costs the loop almost nothing.
+An observer of the run (run/observers.py); refreshes at most twice a second from its own
+thread, so it costs the loop almost nothing.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hpcai500_tf.report.console import console
+from hpcai500_tf.run.observers import Observer
 
 
-class LiveView:
+class LiveView(Observer):
     def __init__(self):
         self.progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
@@ -27,7 +29,7 @@ class LiveView:
     def message(self, text: str) -> None:
         console.print(text, style="dim", markup=False)
 
-    def epoch_start(self, epoch: int, epochs: int, steps: int) -> None:
+    def on_epoch_start(self, epoch: int, epochs: int, steps: int) -> None:
         if self.task is None:
             self.progress.start()
         else:
@@ -36,7 +38,7 @@ class LiveView:
             "train", total=steps, epoch=f"{epoch}/{epochs}", loss="-", lr="-", rate=""
         )
 
-    def step(self, step: int, loss: float, learning_rate: float, examples_per_s: float) -> None:
+    def on_step(self, step: int, loss: float, learning_rate: float, examples_per_s: float) -> None:
         self.progress.update(
             self.task,
             completed=step,
@@ -45,12 +47,12 @@ class LiveView:
             rate=f"{examples_per_s:,.0f} ex/s",
         )
 
-    def epoch_end(self, epoch: int, loss: float, examples_per_s: float) -> None:
+    def on_epoch_end(self, epoch: int, loss: float, examples_per_s: float) -> None:
         self.progress.console.print(
             f"epoch {epoch:>3}  loss {loss:.4f}  {examples_per_s:,.1f} examples/s"
         )
 
-    def evaluation(self, epoch: int, quality: float, target: float) -> None:
+    def on_eval(self, epoch: int, quality: float, target: float) -> None:
         mark = "[green]target reached[/green]" if quality >= target else f"target {target}"
         self.progress.console.print(
             f"          eval after epoch {epoch}: quality {quality:.4f}  ({mark})"
@@ -59,17 +61,3 @@ class LiveView:
     def close(self) -> None:
         if self.task is not None:
             self.progress.stop()
-
-
-class Views:
-    """Several views as one (e.g. the console and TensorBoard): each call goes to each."""
-
-    def __init__(self, *views):
-        self.views = [view for view in views if view is not None]
-
-    def __getattr__(self, name: str):
-        def call(*args, **kwargs):
-            for view in self.views:
-                getattr(view, name)(*args, **kwargs)
-
-        return call

@@ -38,7 +38,7 @@ from hpcai500_tf.report.ranking_page import index_page
 from hpcai500_tf.report.run_files import RunFiles, load_run
 from hpcai500_tf.report.system_page import system_page
 from hpcai500_tf.results import scoring
-from hpcai500_tf.run.run_directory import POWER_SAMPLES
+from hpcai500_tf.run.directory import POWER_SAMPLES
 
 READING = "the score's reading: the end of the last required epoch, SPEC section 3"
 # ----------------------------------------------------------------------------- writing

@@ -17,7 +17,7 @@ from pathlib import Path
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.report import event_files
-from hpcai500_tf.run.run_directory import RECORD_FILE, RunDirectory
+from hpcai500_tf.run.directory import RECORD_FILE, RunDirectory
 
 POWER_COLUMNS = ["worker", "source", "unix_s", "value", "unit"]
 STEP_THROUGHPUT_TAG = "train/examples_per_second"

@@ -5,8 +5,8 @@ or flush to one that fails (a reader gone: BrokenPipeError; a hung-up terminal: 
 OSError) points its file descriptor at os.devnull, so that what follows (rich's live view,
 TensorFlow's and torch's C++ logs on fd 2, the child processes started later, Python's flush
 at exit) goes nowhere instead of failing, and the stream is marked lost: `lost_warnings()`
-gives the record's words for it. SIGPIPE stays ignored, as Python sets it, so a closed pipe is
-an error on the write, never the end of the process.
+gives the record's words for it (`LostStreams`, the run's observer). SIGPIPE stays ignored,
+as Python sets it, so a closed pipe is an error on the write, never the end of the process.
 
 Pure Python; imports neither rich nor a framework.
 """
@@ -19,6 +19,8 @@ import signal
 import sys
 import threading
 import time
+
+from hpcai500_tf.run.observers import Observer
 
 STREAMS = ("stdout", "stderr")
 
@@ -97,3 +99,10 @@ def lost_warnings() -> list[str]:
                 f"on to its record; what it wrote to {name} after that was discarded"
             )
     return warnings
+
+
+class LostStreams(Observer):
+    """The run's observer that puts `lost_warnings()` in its record."""
+
+    def on_record(self, artifacts: dict, warnings: list[str]) -> None:
+        warnings += lost_warnings()

@@ -1,8 +1,8 @@
 """A run in TensorBoard: RUN_DIR/tensorboard/ holds its scalars, its layers as HParams and,
 on request, a profiler trace of chosen steps (`tensorboard --logdir runs/`).
 
-`TensorBoardView` takes the live view's calls (`report.live.LiveView`), so the training loop
-knows nothing of it; it writes at most `MAX_WRITES_PER_S` step points a second through the
+`TensorBoard` is the run's observer (run/observers.py), so the training loop knows nothing of
+it; its `TensorBoardView` writes at most `MAX_WRITES_PER_S` step points a second through the
 tensorboard package's own event writer (buffered, flushed at each epoch's end): the same files
 whichever framework trains. This module imports no framework; the tensorboard package uses
 TensorFlow's file layer where TensorFlow can be imported, and its own pure-Python one in a
@@ -16,10 +16,14 @@ PyTorch process (which refuses TensorFlow). Tags:
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import time
 from pathlib import Path
 
+from hpcai500_tf.errors import UserError
 from hpcai500_tf.report.run_files import counter_watts
+from hpcai500_tf.run.observers import Observer
 
 MAX_WRITES_PER_S = 10.0
 
@@ -104,6 +108,61 @@ class TensorBoardView:
                 "score/time_to_quality_s": score.time_to_quality_s,
             },
         )
+
+
+class TensorBoard(Observer):
+    """The run in TensorBoard: its scalars as it trains, then its layers, power and score;
+    nothing where the tensorboard package is not installed (a warning in the record)."""
+
+    def __init__(self):
+        self.view: TensorBoardView | None = None
+
+    def on_run_start(self, run_dir, setup) -> list[str]:
+        if importlib.util.find_spec("tensorboard") is None:
+            return [
+                "TensorBoard scalars not written: the tensorboard package is not installed "
+                "(it comes with the cpu and cuda extras)"
+            ]
+        self.run_dir, self.benchmark = run_dir, setup.benchmark
+        self.view = TensorBoardView(run_dir.tensorboard)
+        return []
+
+    def on_epoch_start(self, epoch: int, epochs: int, steps: int) -> None:
+        if self.view:
+            self.view.epoch_start(epoch, epochs, steps)
+
+    def on_step(self, step: int, loss: float, learning_rate: float, examples_per_s: float) -> None:
+        if self.view:
+            self.view.step(step, loss, learning_rate, examples_per_s)
+
+    def on_epoch_end(self, epoch: int, loss: float, examples_per_s: float) -> None:
+        if self.view:
+            self.view.epoch_end(epoch, loss, examples_per_s)
+
+    def on_eval(self, epoch: int, quality: float, target: float) -> None:
+        if self.view:
+            self.view.evaluation(epoch, quality, target)
+
+    def on_record(self, artifacts: dict, warnings: list[str]) -> None:
+        if self.view:
+            artifacts["tensorboard"] = str(self.run_dir.tensorboard)
+
+    def on_end(self, record: dict, layers: dict, sampler, epochs_done: int) -> None:
+        """The run's layers (HParams), power and score in TensorBoard; never fatal."""
+        if not self.view:
+            return
+        from hpcai500_tf.results import scoring
+
+        board = self.view
+        try:
+            board.run_layers(self.run_dir.name, layers)
+            if sampler and sampler.sources:
+                board.power(sampler)
+            if record["status"] == "completed" and record["quality"]["measured"]:
+                with contextlib.suppress(UserError):
+                    board.score(epochs_done, scoring.score(record, self.benchmark))
+        finally:
+            board.close()
 
 
 def hparams_of(layer_values: dict) -> dict:

@@ -1,5 +1,5 @@
 """The one place a record is assembled, whoever made the run: `hpcai500-tf train`, the PyTorch
-runner (through run_record.py), `hpcai500-tf import-mlperf` and the published-ranking
+runner (through run/record.py), `hpcai500-tf import-mlperf` and the published-ranking
 tool. Each caller says what it knows (the layers, the timeline, the curve, the FLOP count, the
 energy); this module fills what every record states the same way: the schema and kind, the
 level, the source, the quality reading (SPEC section 3), the FLOP total and why the record

@@ -23,7 +23,7 @@ from pathlib import Path
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import read_regular_file
-from hpcai500_tf.run.run_directory import (
+from hpcai500_tf.run.directory import (
     CHECKPOINTS,  # re-exported
     CONFIG_FILE,
     ERROR_LOG,

@@ -1,0 +1,51 @@
+"""The record of one run, assembled from its progress on any framework (the file's format and
+checks are hpcai500_tf/record.py and results/record_builder.py)."""
+
+from __future__ import annotations
+
+import time
+
+from hpcai500_tf.config import Setup
+from hpcai500_tf.results.record_builder import build_record
+from hpcai500_tf.run.progress import Progress
+
+
+def make_record(
+    setup: Setup,
+    layer_values: dict,
+    workload,
+    progress: Progress,
+    flops: dict,
+    status: str,
+    warnings: list[str],
+    artifacts: dict,
+    energy: dict,
+    framework: str = "tensorflow",
+) -> dict:
+    """The record of a finished (or stopped) run, from any framework's runner."""
+    run_start = progress.run_start or progress.init_start
+    run_stop = progress.segments[-1]["stop"] if progress.segments else time.time()
+    return build_record(
+        setup.benchmark,
+        preset=setup.preset,
+        status=status,
+        tool="hpcai500-tf",
+        framework=framework,
+        layers=layer_values,
+        config=setup.config,
+        timeline={
+            "init_start": progress.init_start,
+            "run_start": run_start,
+            "run_stop": max(run_stop, run_start + 1e-6),
+            "segments": progress.segments,
+            "epochs": progress.epochs,
+        },
+        curve=progress.curve,
+        metric=workload.quality_metric,
+        target=setup.training.target_quality,
+        measured=workload.measures_quality,
+        flops=flops,
+        energy=energy,
+        warnings=warnings,
+        artifacts=artifacts,
+    )
