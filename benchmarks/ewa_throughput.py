@@ -141,7 +141,7 @@ def measure(preset: str, overrides: list[str], data_dir: Path, seconds: float) -
     batch = engine.synthetic_batch()
     flops = measure_flops(engine, batch)
     step_rate, step_runs = timed_rate(
-        lambda: float(engine.train_step(images, labels)), engine.global_batch, seconds
+        lambda: float(engine.train_step((images, labels))), engine.global_batch, seconds
     )
     return {
         "image": list(workload.image_size),

@@ -90,11 +90,11 @@ def train_step_rate(batch: int, precision: str, steps: int) -> float:
     )
     engine = build_engine(setup, None)
     batch_values = next(engine.train_batches())
-    float(engine.train_step(*batch_values))
+    float(engine.train_step(batch_values))
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        float(engine.train_step(*batch_values))
+        float(engine.train_step(batch_values))
         times.append(time.perf_counter() - start)
     return batch / statistics.median(times)
 

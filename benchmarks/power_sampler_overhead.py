@@ -60,7 +60,7 @@ def main() -> None:
         "image_classification", "tiny", ["data.source=random", "training.epochs=1", *overrides]
     )
     trainer = build_trainer(setup, RunOptions())
-    trainer.engine.warm_up(trainer.engine.synthetic_batch())
+    trainer.warm_up(False)
 
     def train_epochs(kind: str, sampler=None):
         """The run's own epoch loop (no run directory: no checkpoint) over the budget."""

@@ -50,7 +50,7 @@ def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmu
     # Reading the loss back syncs.
     import tensorflow as tf
 
-    timed = timed_steps(lambda: float(engine.train_step(images, labels)), steps, warmup)
+    timed = timed_steps(lambda: float(engine.train_step((images, labels))), steps, warmup)
     return {**timed, "build": f"TensorFlow {tf.__version__}"}
 
 

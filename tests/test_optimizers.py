@@ -121,7 +121,7 @@ def _tiny_engine_layers(monkeypatch, policy, overrides=()):
             "image_classification", "tiny", ["training.precision=mixed", *overrides]
         )
         engine = run.build_engine(setup, None)
-        return engine, run.run_layers(setup, engine)["L8"]
+        return engine, engine.layers()["L8"]
     finally:
         keras.mixed_precision.set_global_policy(previous)  # process-wide: not for later tests
 

@@ -174,10 +174,10 @@ def batch_of(e):
 facts = {"replicas": compiled.replicas}
 for name, e in (("plain", plain), ("xla", compiled)):
     batch = batch_of(e)
-    facts[name + "_losses"] = [float(e.train_step(*batch)) for _ in range(4)]
-    facts[name + "_flops"] = e.count_flops(batch).total
+    facts[name + "_losses"] = [float(e.train_step(batch)) for _ in range(4)]
+    facts[name + "_flops"] = e.step_flops(batch).total
 
-graph_function = compiled.train_step.get_concrete_function(*batch_of(compiled))
+graph_function = compiled.traced_train_step.get_concrete_function(*batch_of(compiled))
 facts["outer_xla"] = graph_function.function_def.attr["_XlaMustCompile"].b
 facts["outer_ops"] = sorted({op.type for op in graph_function.graph.get_operations()})
 facts["calls"] = []

@@ -166,7 +166,7 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
 
     setup = config.prepare("image_classification", "tiny", [])
     trainer = run.build_trainer(setup, RunOptions())
-    engine = trainer.engine
+    engine = trainer  # the engine is the trainer
     engine.warm_up_checkpoints()
     batches = trainer.train_batches(0)
     trainer.train_step(next(batches))
@@ -230,10 +230,10 @@ def test_a_nan_weight_shows_in_the_loss_even_when_the_forward_pass_hides_it(
     )
     engine = run.build_engine(setup, None)
     batches = engine.train_batches()
-    assert math.isfinite(float(engine.train_step(*next(batches))))
+    assert math.isfinite(float(engine.train_step(next(batches))))
     gamma = next(v for v in engine.model.trainable_variables if v.path.endswith("stem_bn/gamma"))
     gamma.assign(tf.fill(gamma.shape, float("nan")))
-    assert math.isnan(float(engine.train_step(*next(batches))))
+    assert math.isnan(float(engine.train_step(next(batches))))
 
 
 def test_random_data_is_throughput_only(tmp_path):
@@ -340,7 +340,7 @@ def test_mixed_precision_computes_in_bfloat16_on_cpu():
     assert engine.model.get_layer("stem_conv").compute_dtype == "bfloat16"
     assert engine.model.get_layer("stem_conv").kernel.dtype == "float32"
     assert engine.model.get_layer("logits").compute_dtype == "float32"
-    loss = float(engine.train_step(*next(engine.train_batches())))
+    loss = float(engine.train_step(next(engine.train_batches())))
     # a first loss, finite and of its size: the reference's logits initialiser (variance
     # 2 / fan-out: 0.2 over tiny's 10 classes) starts it near 6, above ln 10
     assert 1.0 < loss < 10.0

@@ -2,12 +2,14 @@
 steps, mixed precision, the input pipeline as distributed datasets, and the checkpoint files.
 
 The run's lifecycle (the epoch loop, time accounting, evaluation cadence, checkpoint cadence,
-the MLPerf log, the record) is framework-neutral and lives in lifecycle.py; engine/run.py puts
-this engine behind it. A workload supplies model, data, loss and quality only.
+the MLPerf log, the record) is framework-neutral and lives in lifecycle.py; engine/run.py's
+`TensorFlowTrainer` is this engine as its trainer (run/trainer.py). A workload supplies model,
+data, loss and quality only.
 """
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 
@@ -17,9 +19,10 @@ from tensorflow.python.framework import config as tf_config  # disable_op_determ
 
 from hpcai500_tf.config import OptimizerConfig, TrainingConfig, precision_policy_on
 from hpcai500_tf.engine import optimizers
-from hpcai500_tf.errors import UserError, first_line
+from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
+from hpcai500_tf.run.trainer import checkpoint_damaged, checkpoint_unrestorable, full_batch_steps
 from hpcai500_tf.workloads.interface import Workload
 
 
@@ -44,12 +47,7 @@ class Engine:
         self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch = training.batch_per_replica * self.replicas
-        self.steps_per_epoch = workload.train_examples // self.global_batch
-        if self.steps_per_epoch < 1:
-            raise UserError(
-                f"{workload.train_examples} training examples make no full batch of "
-                f"{self.global_batch}: lower training.batch_per_replica"
-            )
+        self.steps_per_epoch = full_batch_steps(workload.train_examples, self.global_batch)
         self.policy = precision_policy(training.precision)
         keras.mixed_precision.set_global_policy(self.policy)
         keras.utils.set_random_seed(training.seed)
@@ -77,7 +75,7 @@ class Engine:
         self._compiled_loss_and_gradients = (
             tf.function(self._loss_and_gradients, jit_compile=True) if training.xla else None
         )
-        self.train_step = tf.function(self._train_step)
+        self.traced_train_step = tf.function(self._train_step)
         self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
         # The epochs a checkpoint holds, in it: a resume checks state.json against it.
         self.checkpoint_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -127,6 +125,10 @@ class Engine:
         compiled = compiled and self._compiled_loss_and_gradients is not None
         losses = self.strategy.run(self._replica_train_step, (images, labels, compiled))
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    def train_step(self, batch):
+        """One step on every replica of `batch` (images, labels); the summed loss."""
+        return self.traced_train_step(*batch)
 
     def _eval_step(self, images, labels):
         """The workload's per-example evaluation outputs, gathered from every replica."""
@@ -194,23 +196,33 @@ class Engine:
 
         return next(iter(self.strategy.distribute_datasets_from_function(dataset_fn)))
 
-    def warm_up(self, batch) -> None:
-        """Run the train step once and put every variable back: the first execution's
-        one-time costs (graph optimisation, kernel set-up) stay out of the timed run."""
+    @functools.cached_property
+    def zero_batch(self):
+        """The zero batch the step is traced, counted and warmed up on (no data is read)."""
+        return self.synthetic_batch()
+
+    def warm_up(self, checkpoints: bool = False) -> None:
+        """Run the train step once on the zero batch and put every variable back: the first
+        execution's one-time costs (graph optimisation, kernel set-up) stay out of the timed
+        run; with `checkpoints`, the checkpoint writer's too."""
         variables = [*self.model.variables, *self.optimizer.variables]
         saved = [tf.identity(v) for v in variables]
-        float(self.train_step(*batch))
+        float(self.train_step(self.zero_batch))
         for variable, value in zip(variables, saved, strict=True):
             variable.assign(value)
+        if checkpoints:
+            self.warm_up_checkpoints()
 
-    def count_flops(self, batch) -> FlopCount:
+    def step_flops(self, batch) -> FlopCount:
         """FLOPs of this engine's own train step, traced at the batch it trains on. A worker's
         traced step holds its own replicas only, so the count is per this worker's batch. With
         XLA the step is traced without its compiled part: the same ops, in the one graph the
         count reads (it does not enter the call of a compiled function)."""
         images, labels = batch
         plain = (False,) if self._compiled_loss_and_gradients is not None else ()
-        return count_function(self.train_step, images, labels, *plain, batch=self.local_batch)
+        return count_function(
+            self.traced_train_step, images, labels, *plain, batch=self.local_batch
+        )
 
     @property
     def local_batch(self) -> int:
@@ -259,9 +271,7 @@ class Engine:
         try:
             checkpoint.read(str(prefix)).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, TypeError, IndexError, AssertionError) as error:
-            raise UserError(
-                f"{prefix}: cannot restore the checkpoint ({first_line(error)})"
-            ) from None
+            raise checkpoint_unrestorable(prefix, error) from None
         return held
 
     @staticmethod
@@ -276,7 +286,7 @@ class Engine:
                 reader.get_tensor(name)
             return int(reader.get_tensor(key)) if reader.has_tensor(key) else None
         except (tf.errors.OpError, ValueError, TypeError, IndexError, RuntimeError) as error:
-            raise UserError(f"{prefix}: the checkpoint is damaged ({first_line(error)})") from None
+            raise checkpoint_damaged(prefix, error) from None
 
     def learning_rate(self) -> float:
         optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)

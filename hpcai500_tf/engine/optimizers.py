@@ -8,13 +8,15 @@ applied to all variables or to all but BN and bias variables (`decay_all_variabl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from hpcai500_tf.config import OptimizerConfig, peak_learning_rate
+from hpcai500_tf.config import OptimizerConfig
+from hpcai500_tf.run.schedule import warmup_decay
 
 
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -199,15 +201,8 @@ def build_optimizer(
     """The configured optimizer and schedule. Under float16 with `loss_scaling = "fixed"` it
     scales its own loss (Keras's `loss_scale_factor`; the precision policy is Keras's global
     one, set before), and `ReplicaAgreedLossScaleOptimizer` leaves it so."""
-    schedule = WarmupDecay(
-        peak=peak_learning_rate(config, global_batch),
-        warmup_steps=int(round(config.warmup_epochs * steps_per_epoch)),
-        total_steps=epochs * steps_per_epoch,
-        schedule=config.schedule,
-        boundaries_steps=[b * steps_per_epoch for b in config.step_boundaries],
-        factor=config.step_factor,
-        cosine_start=config.cosine_start,
-    )
+    steps = warmup_decay(config, global_batch, steps_per_epoch, epochs)  # run/schedule.py
+    schedule = WarmupDecay(**dataclasses.asdict(steps))
     scale = {"loss_scale_factor": fixed_loss_scale(config, keras.config.dtype_policy().name)}
     if config.name == "lars":
         return LARS(

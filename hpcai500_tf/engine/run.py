@@ -9,7 +9,6 @@ other TensorFlow op runs, then data and model.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
@@ -23,10 +22,17 @@ from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Engine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
-from hpcai500_tf.run.lifecycle import Failure
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.progress import fingerprint
+from hpcai500_tf.run.trainer import (
+    Failure,
+    StepTrace,
+    Trainer,
+    flops_block,
+    refuse_disagreeing_workers,
+    refuse_unshardable_evaluation,
+)
 from hpcai500_tf.workloads import build_workload
 
 
@@ -51,64 +57,39 @@ def end_worker(code: int) -> None:
         cluster.exit_without_shutdown(code)
 
 
-def build_engine(setup: Setup, data_dir: str | None) -> Engine:
+def build_engine(setup: Setup, data_dir: str | None) -> TensorFlowTrainer:
+    """The strategy (before any other TensorFlow op), the workload and the trainer over them,
+    not yet checked against its devices or its peers (`build_trainer` does that)."""
     strategy = strategies.make_strategy(setup.training.strategy, setup.communication)
     workload = build_workload(setup.benchmark.name, setup.config, data_dir)
-    return Engine(workload, setup.training, setup.optimizer, strategy)
+    return TensorFlowTrainer(setup, workload, strategy)
 
 
-class TensorFlowTrainer:
-    """The engine behind the lifecycle's `Trainer` interface (lifecycle.py)."""
+class TensorFlowTrainer(Engine, Trainer):
+    """The engine (engine/loop.py: model, optimizer, steps, data, checkpoint files) as the
+    lifecycle's trainer (run/trainer.py): what only TensorFlow knows of the run, its FLOPs,
+    layers, errors and collectives."""
 
     framework = "tensorflow"
 
-    def __init__(self, setup: Setup, engine: Engine, workers: int, rank: int, warnings):
-        self.setup, self.engine = setup, engine
-        self.workload = engine.workload
-        self.global_batch = engine.global_batch
-        self.steps_per_epoch = engine.steps_per_epoch
-        self.workers, self.rank = workers, rank
-        self.warnings = warnings
+    def __init__(self, setup: Setup, workload, strategy: tf.distribute.Strategy):
+        super().__init__(workload, setup.training, setup.optimizer, strategy)
+        self.setup = setup
+        _, _, self.rank = strategies.describe(strategy, setup.training.strategy)
+        self.warnings: list[str] = []
 
-    @functools.cached_property
-    def zero_batch(self):
-        """The zero batch the step is traced, counted and warmed up on (no data is read)."""
-        return self.engine.synthetic_batch()
+    @property
+    def precision(self) -> str:
+        return self.policy
 
     def count_flops(self) -> dict:
-        return measure_flops(self.engine, self.zero_batch)
-
-    def warm_up(self, checkpoints: bool) -> None:
-        self.engine.warm_up(self.zero_batch)
-        if checkpoints:
-            self.engine.warm_up_checkpoints()
-
-    def train_batches(self, epochs_done: int):
-        return self.engine.train_batches(seed_offset=epochs_done)
-
-    def train_step(self, batch):
-        return self.engine.train_step(*batch)
+        return measure_flops(self, self.zero_batch)
 
     def loss_value(self, loss) -> float:
         return float(loss)
 
-    def learning_rate(self) -> float:
-        return self.engine.learning_rate()
-
-    def evaluate(self) -> float:
-        return self.engine.evaluate()
-
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
-        return self.engine.write_checkpoint(prefix, epochs_done)
-
-    def read_checkpoint(self, prefix: Path) -> int | None:
-        return self.engine.read_checkpoint(prefix)
-
-    def step_trace(self, log_dir: Path, first: int, last: int):
-        return StepTrace(log_dir, first, last)
-
-    def layers(self) -> dict:
-        return run_layers(self.setup, self.engine)
+    def step_trace(self, log_dir: Path, first: int, last: int) -> TensorFlowStepTrace:
+        return TensorFlowStepTrace(log_dir, first, last)
 
     def explain(self, error: BaseException) -> Failure | None:
         """What a TensorFlow error means: bad data raised inside the input pipeline, a lost
@@ -123,76 +104,86 @@ class TensorFlowTrainer:
         return Failure("peer_lost" if isinstance(error, PEER_LOST) else "failed", detail)
 
     def gather_rows(self, row: list[float]) -> list[list[float]]:
-        return cluster.gather_rows(self.engine.strategy, row).tolist()
+        return cluster.gather_rows(self.strategy, row).tolist()
+
+    def communication_layer(self) -> dict:
+        """L3: the strategy's collectives (and, on several workers, the timeouts)."""
+        name = self.setup.training.strategy
+        l3, _, _ = strategies.describe(self.strategy, name)
+        if name == "multi_worker":
+            c = self.setup.communication
+            l3 |= {"timeout_s": c.timeout_s, "join_timeout_s": c.join_timeout_s}
+        return l3
+
+    def library_layers(self) -> tuple[dict, dict]:
+        """L4 and L5 as TensorFlow reports them, with the devices the run computed on."""
+        l4, l5 = benchmark_layers.library_layers()
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        return l4, {**l5, "devices_used": devices.devices_used(self.strategy, gpus)}
+
+    def intra_op_threads(self) -> int:
+        return (
+            tf.config.threading.get_intra_op_parallelism_threads()
+            or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0))
+            or len(os.sched_getaffinity(0))  # TensorFlow's default: one per usable core
+        )
 
     def close(self) -> None:
         pass
 
 
 def build_trainer(setup: Setup, options: RunOptions, view=None) -> TensorFlowTrainer:
-    """The strategy (before any other TensorFlow op), the engine, its devices checked and, on
-    several workers, that they agree on the config and can shard the data."""
-    engine = build_engine(setup, options.data_dir)
-    _, workers, rank = strategies.describe(engine.strategy, setup.training.strategy)
-    chief_view = view if rank == 0 else None
-    warnings = devices.check_devices(engine.strategy, options.allow_cpu, chief_view, engine.policy)
-    for warning in getattr(engine.strategy, "hpcai500_cluster_warnings", []):  # e.g. few CPUs
+    """The strategy (before any other TensorFlow op), the trainer, its devices checked and,
+    on several workers, that they agree on the config and can shard the data."""
+    trainer = build_engine(setup, options.data_dir)
+    chief_view = view if trainer.rank == 0 else None
+    warnings = devices.check_devices(
+        trainer.strategy, options.allow_cpu, chief_view, trainer.policy
+    )
+    for warning in getattr(trainer.strategy, "hpcai500_cluster_warnings", []):  # e.g. few CPUs
         warnings.append(warning)
         if chief_view:
             chief_view.message(warning)
-    if workers > 1:
-        check_multi_worker(engine, workers, fingerprint(setup.config))
-    warnings += engine.check_data(chief_view)  # e.g. fewer validation files than workers
-    return TensorFlowTrainer(setup, engine, workers, rank, warnings)
+    if trainer.workers > 1:
+        check_multi_worker(trainer, fingerprint(setup.config))
+    warnings += trainer.check_data(chief_view)  # e.g. fewer validation files than workers
+    trainer.warnings = warnings
+    return trainer
 
 
-class StepTrace:
+class TensorFlowStepTrace(StepTrace):
     """A TensorFlow profiler trace of global train steps `first`..`last` (counted from 1 over
-    the whole run), written under the TensorBoard directory for its profile plugin."""
+    the whole run), written under the TensorBoard directory for its profile plugin (its
+    xplane protobufs)."""
 
     profiler = "the TensorFlow profiler"
+    pattern = "plugins/profile/*/*.xplane.pb"
 
-    def __init__(self, log_dir: Path, first: int, last: int):
-        if not 1 <= first <= last:
-            raise ValueError(f"profile steps must be 1 <= first <= last, got {first}-{last}")
-        self.log_dir, self.first, self.last = Path(log_dir), first, last
-        self.active = False
+    def start(self) -> None:
+        tf.profiler.experimental.start(str(self.log_dir))
 
-    def before(self, step: int) -> None:
-        if step == self.first:
-            tf.profiler.experimental.start(str(self.log_dir))
-            self.active = True
+    def finish(self) -> None:
+        tf.profiler.experimental.stop()
 
-    def after(self, step: int, loss) -> None:
-        if self.active and step == self.last:
-            float(loss)  # the traced steps have run to their end
-            self.stop()
-
-    def stop(self) -> None:
-        if self.active:
-            tf.profiler.experimental.stop()
-            self.active = False
-
-    def files(self) -> list[Path]:
-        """The trace files written (the profile plugin's xplane protobufs)."""
-        return sorted(self.log_dir.glob("plugins/profile/*/*.xplane.pb"))
+    def wait(self, loss) -> None:
+        float(loss)
 
 
 def measure_flops(engine: Engine, batch) -> dict:
     """Training FLOPs from the train step the engine runs; forward FLOPs both ways."""
     images = batch[0]
-    train = engine.count_flops(batch)
+    train = engine.step_flops(batch)
     forward = tf.function(lambda x: engine.model(x, training=False))
     if engine.replicas == 1:
         forward_count = count_function(forward, images, batch=engine.global_batch)
         forward_per_example = forward_count.per_example
     else:
         forward_per_example = None
-    return {
-        "per_example_training": train.per_example,
-        "per_example_forward": forward_per_example,
-        "analytical_per_example_forward": engine.workload.analytical_forward_flops(engine.model),
-        "method": (
+    return flops_block(
+        per_example_training=train.per_example,
+        per_example_forward=forward_per_example,
+        analytical_per_example_forward=engine.workload.analytical_forward_flops(engine.model),
+        method=(
             "TensorFlow registered op statistics (convolution gradients counted exactly) "
             "over the ops that run in the traced train step "
             f"(forward, backward, weight update) at global batch {engine.global_batch}"
@@ -204,39 +195,10 @@ def measure_flops(engine: Engine, batch) -> dict:
             + "; "
             "multiply-add = 2"
         ),
-        "basis": "tensorflow-profiler",
-        "counted_op_types": sorted(train.by_op_type),
-        "uncounted_op_types": train.uncounted_op_types,
-        # per example of the batch the step was traced at (this worker's), as the total is
-        "by_op_type_per_example": {k: v / train.batch for k, v in sorted(train.by_op_type.items())},
-    }
-
-
-def run_layers(setup: Setup, engine: Engine) -> dict:
-    """L1-L9 of a TensorFlow run: the system as observed, the run as configured."""
-    name = setup.training.strategy
-    l3, workers, _ = strategies.describe(engine.strategy, name)
-    if name == "multi_worker":
-        c = setup.communication
-        l3 |= {"timeout_s": c.timeout_s, "join_timeout_s": c.join_timeout_s}
-    observed = benchmark_layers.system_layers(workers, l3["collective_implementation"])
-    observed["L3"] = l3
-    threads = (
-        tf.config.threading.get_intra_op_parallelism_threads()
-        or int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0))
-        or len(os.sched_getaffinity(0))  # TensorFlow's default: one per usable core
-    )
-    gpus = len(tf.config.list_physical_devices("GPU"))  # L5: what the run computed on
-    observed["L5"] = {**observed["L5"], "devices_used": devices.devices_used(engine.strategy, gpus)}
-    return observed | benchmark_layers.run_layers(
-        setup,
-        engine.workload,
-        workers=workers,
-        replicas=engine.replicas,
-        global_batch=engine.global_batch,
-        precision=engine.policy,
-        initial_loss_scale=engine.initial_loss_scale,
-        intra_op_threads=threads,
+        basis="tensorflow-profiler",
+        by_op_type=train.by_op_type,
+        batch=train.batch,  # this worker's, as traced, as the total is
+        uncounted_op_types=train.uncounted_op_types,
     )
 
 
@@ -257,19 +219,16 @@ PEER_LOST = (
 )
 
 
-def check_multi_worker(engine: Engine, workers: int, config_id: str) -> None:
+def check_multi_worker(engine: Engine, config_id: str) -> None:
     """Refuse, on every worker, a run the workers disagree on or cannot shard."""
-    workload, batch = engine.workload, engine.training.batch_per_replica
+    workload, batch, workers = engine.workload, engine.training.batch_per_replica, engine.workers
     per_worker_replicas = engine.replicas // workers
     if workload.train_examples // workers < batch * per_worker_replicas:
         raise UserError(
             f"{workload.train_examples} training examples cannot be sharded to {workers} "
             f"workers of {batch * per_worker_replicas} examples per step each"
         )
-    if workload.eval_examples < workers:
-        raise UserError(
-            f"{workload.eval_examples} evaluation examples cannot be sharded to {workers} workers"
-        )
+    refuse_unshardable_evaluation(workload.eval_examples, workers)
     # Only the chief writes checkpoints: every variable here is mirrored (synchronised on
     # write), so a save reads the chief's own copy. One synchronised on read (a Keras metric's)
     # would be all-reduced by the save, a collective the other workers would never join.
@@ -277,11 +236,7 @@ def check_multi_worker(engine: Engine, workers: int, config_id: str) -> None:
     on_read = [v.path for v in variables if v.synchronization == "on_read"]
     if on_read:
         raise RuntimeError(f"{on_read[0]}: read collectively, so the chief cannot save alone")
-    if not cluster.same_on_all_workers(engine.strategy, config_id):
-        raise UserError(
-            f"the workers were started with different configs (this worker's is {config_id}): "
-            "start every worker with the same benchmark, preset and --set values"
-        )
+    refuse_disagreeing_workers(cluster.same_on_all_workers(engine.strategy, config_id), config_id)
 
 
 def flops_report(setup: Setup, allow_cpu: bool = False) -> dict:
@@ -290,7 +245,7 @@ def flops_report(setup: Setup, allow_cpu: bool = False) -> dict:
     engine = build_engine(setup, None)
     devices.check_devices(engine.strategy, allow_cpu, policy=engine.policy)
     return {
-        **measure_flops(engine, engine.synthetic_batch()),
+        **engine.count_flops(),
         "global_batch": engine.global_batch,
         "precision": engine.policy,
     }

@@ -50,6 +50,7 @@ class WorkloadFacts:
 
     name: str
     quality_metric: str
+    objective: str  # the training loss, as the workload names it
     measures_quality: bool
     train_examples: int
     eval_examples: int
@@ -219,6 +220,7 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
                 {
                     "name": workload.name,
                     "quality_metric": workload.quality_metric,
+                    "objective": workload.objective,
                     "measures_quality": workload.measures_quality,
                     "train_examples": workload.train_examples,
                     "eval_examples": workload.eval_examples,

@@ -1,5 +1,5 @@
-"""The PyTorch backend: trains a benchmark preset in plain PyTorch behind the lifecycle's
-`Trainer` interface (lifecycle.py), so that the run, its log, checkpoints, resume, power,
+"""The PyTorch backend: trains a benchmark preset in plain PyTorch as the lifecycle's
+`Trainer` (run/trainer.py), so that the run, its log, checkpoints, resume, power,
 TensorBoard and record are the TensorFlow side's own and only the framework layer (L5) differs.
 
     hpcai500-tf train image_classification --framework pytorch [--preset smoke] [--set K=V]
@@ -11,8 +11,9 @@ What is shared with the TensorFlow side, so that only the framework differs:
 - the input pipeline: the same tf.data datasets (procedural gratings, or the ImageNet
   TFRecord shards with the reference preprocessing), handed to PyTorch as arrays;
 - the model's architecture (ResNet-50 v1.5, pytorch/resnet.py, defined here because
-  torchvision cannot import beside the CPU torch wheel), the loss (cross-entropy with label
-  smoothing), SGD with momentum and coupled weight decay, warmup then cosine or step decay;
+  torchvision cannot import beside the CPU torch wheel), the loss and quality metric the
+  workload names (its `objective`, cross-entropy with label smoothing, and top-1 accuracy),
+  SGD with momentum and coupled weight decay, the schedule (run/schedule.py);
 - time accounting (initialisation, tracing and a warm-up step whose effect is undone come
   before run_start), power sampling, the record schema and the MLPerf log.
 
@@ -35,8 +36,7 @@ import platform
 import sys
 from pathlib import Path
 
-from hpcai500_tf import benchmark_layers
-from hpcai500_tf.config import Setup, peak_learning_rate, precision_policy_on
+from hpcai500_tf.config import Setup, precision_policy_on
 from hpcai500_tf.engine.cluster import JoinWatchdog
 from hpcai500_tf.errors import UserError, first_line
 from hpcai500_tf.pytorch import distributed
@@ -48,24 +48,36 @@ from hpcai500_tf.pytorch.build import (
     torch_build,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
-from hpcai500_tf.run.lifecycle import Failure
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.progress import fingerprint
+from hpcai500_tf.run.schedule import warmup_decay
+from hpcai500_tf.run.trainer import (
+    Failure,
+    StepTrace,
+    Trainer,
+    checkpoint_damaged,
+    checkpoint_unrestorable,
+    flops_block,
+    full_batch_steps,
+    refuse_disagreeing_workers,
+    refuse_unshardable_evaluation,
+)
 
 
-def learning_rate(step: int, steps_per_epoch: int, epochs: int, peak: float, optimizer) -> float:
-    """The TensorFlow engine's schedule (engine/optimizers.py WarmupDecay), step by step."""
-    warmup = int(round(optimizer.warmup_epochs * steps_per_epoch))
-    if warmup and step < warmup:
-        return peak * step / warmup
-    if optimizer.schedule == "cosine":
-        start = 0 if optimizer.cosine_start == "step_0" else warmup
-        span = max(epochs * steps_per_epoch - start, 1)
-        progress = min(max((step - start) / span, 0.0), 1.0)
-        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
-    passed = sum(step >= b * steps_per_epoch for b in optimizer.step_boundaries)
-    return peak * optimizer.step_factor**passed
+def loss_function(torch, objective: str, label_smoothing: float):
+    """The workload's training loss (its `objective`) as a torch loss of (logits, labels)."""
+    if objective == "softmax_cross_entropy":
+        return torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    raise UserError(f"the PyTorch runner has no '{objective}' loss")
+
+
+def correct_count(quality_metric: str):
+    """The workload's quality metric as the examples of a batch it counts right, of
+    (logits, labels): the quality is their share of every evaluated example."""
+    if quality_metric == "top1_accuracy":
+        return lambda logits, labels: int((logits.argmax(1) == labels).sum())
+    raise UserError(f"the PyTorch runner has no '{quality_metric}' quality metric")
 
 
 def refuse_other_forms(setup, on_cuda: bool) -> None:
@@ -123,8 +135,8 @@ def end_worker(code: int) -> None:
     os._exit(code)
 
 
-class TorchTrainer:
-    """The PyTorch model, optimizer and steps behind the lifecycle's `Trainer` interface."""
+class TorchTrainer(Trainer):
+    """The PyTorch model, optimizer and steps as the lifecycle's trainer (run/trainer.py)."""
 
     framework = "pytorch"
 
@@ -186,25 +198,12 @@ class TorchTrainer:
         t, o = setup.training, setup.optimizer
         self.workload = self.feeder.workload
         self.warnings += self.workload.data_warnings  # e.g. fewer validation files than workers
-        self.steps_per_epoch = self.workload.train_examples // self.global_batch
-        if self.steps_per_epoch < 1:
-            raise UserError(
-                f"{self.workload.train_examples} training examples make no full batch of "
-                f"{self.global_batch}: lower training.batch_per_replica"
-            )
+        self.steps_per_epoch = full_batch_steps(self.workload.train_examples, self.global_batch)
         if self.workers > 1:
-            if self.workload.eval_examples < self.workers:
-                raise UserError(
-                    f"{self.workload.eval_examples} evaluation examples cannot be sharded to "
-                    f"{self.workers} workers"
-                )
-            if not distributed.same_on_all_workers(
-                torch, self.placement, fingerprint(setup.config)
-            ):
-                raise UserError(
-                    "the workers were started with different configs: start every worker "
-                    "with the same benchmark, preset and --set values"
-                )
+            refuse_unshardable_evaluation(self.workload.eval_examples, self.workers)
+            config_id = fingerprint(setup.config)
+            agreed = distributed.same_on_all_workers(torch, self.placement, config_id)
+            refuse_disagreeing_workers(agreed, config_id)
         torch.manual_seed(t.seed)
         if t.deterministic:  # this call imports torch._inductor (and triton, where present)
             torch.use_deterministic_algorithms(True)
@@ -232,8 +231,9 @@ class TorchTrainer:
             momentum=o.momentum,
         )
         self.decayed = decayed
-        self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
-        self.peak = peak_learning_rate(o, self.global_batch)
+        self.loss_fn = loss_function(torch, self.workload.objective, o.label_smoothing)
+        self.correct = correct_count(self.workload.quality_metric)
+        self.schedule = warmup_decay(o, self.global_batch, self.steps_per_epoch, t.epochs)
         self.mixed = t.precision != "fp32"
         self.precision = precision_policy_on(t.precision, self.device.type == "cuda")
         self.scaler = torch.amp.GradScaler(
@@ -275,13 +275,7 @@ class TorchTrainer:
     def train_step(self, batch):
         """One step; returns the loss tensor (reading it syncs the device)."""
         images, labels = batch
-        rate = learning_rate(
-            self.step,
-            self.steps_per_epoch,
-            self.setup.training.epochs,
-            self.peak,
-            self.setup.optimizer,
-        )
+        rate = self.schedule.rate(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = rate
         self.model.train()
@@ -318,12 +312,13 @@ class TorchTrainer:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def evaluate(self) -> float:
-        """Top-1 accuracy over the evaluation split: each worker's part, summed over all."""
+        """The workload's quality metric (top-1 accuracy) over the evaluation split: each
+        worker's part, summed over all."""
         correct = count = 0
         self.model.eval()
         with self.torch.no_grad(), self._autocast():
             for images, labels in self._batches(False, self.setup.training.seed):
-                correct += int((self.module(images).argmax(1) == labels).sum())
+                correct += self.correct(self.module(images), labels)
                 count += len(labels)
         if self.workers > 1:
             rows = distributed.all_gather_rows(self.torch, self.placement, [correct, count])
@@ -370,21 +365,21 @@ class TorchTrainer:
         forward = counter.get_total_flops()
         self.module.load_state_dict(model_state)
         batch = len(images)
-        return {
-            "per_example_training": training / batch,
-            "per_example_forward": forward / batch,
-            "analytical_per_example_forward": self.analytical_forward_flops(),
-            "method": (
+        return flops_block(
+            per_example_training=training / batch,
+            per_example_forward=forward / batch,
+            analytical_per_example_forward=self.analytical_forward_flops(),
+            method=(
                 "torch.utils.flop_counter.FlopCounterMode over one train step (forward and "
                 f"backward; the SGD update is not counted) at batch {batch}"
                 + (f" (per worker; global batch {self.global_batch})" if self.workers > 1 else "")
                 + "; multiply-add = 2"
             ),
-            "basis": "pytorch-flop-counter",
-            "counted_op_types": sorted(by_op),
-            "uncounted_op_types": [],
-            "by_op_type_per_example": {k: v / batch for k, v in sorted(by_op.items())},
-        }
+            basis="pytorch-flop-counter",
+            by_op_type=by_op,
+            batch=batch,
+            uncounted_op_types=[],
+        )
 
     def analytical_forward_flops(self) -> float:
         """2 x multiply-adds of every convolution and dense layer, for one example."""
@@ -443,16 +438,14 @@ class TorchTrainer:
             state = self.torch.load(path, map_location=self.device, weights_only=True)
             held = int(state["epochs_done"])
         except Exception as error:  # noqa: BLE001 - a damaged file raises many kinds
-            raise UserError(f"{path}: the checkpoint is damaged ({first_line(error)})") from None
+            raise checkpoint_damaged(path, error) from None
         try:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             step = int(state["step"])
         except (KeyError, RuntimeError, ValueError, TypeError) as error:
-            raise UserError(
-                f"{path}: cannot restore the checkpoint ({first_line(error)})"
-            ) from None
+            raise checkpoint_unrestorable(path, error) from None
         if step != held * self.steps_per_epoch:
             raise UserError(
                 f"{path}: holds step {step}, not the {held * self.steps_per_epoch} steps of "
@@ -479,50 +472,46 @@ class TorchTrainer:
     def gather_rows(self, row: list[float]) -> list[list[float]]:
         return distributed.all_gather_rows(self.torch, self.placement, row)
 
-    def layers(self) -> dict:
+    @property
+    def replicas(self) -> int:
+        return self.workers  # one device each
+
+    def communication_layer(self) -> dict:
+        """L3: torch.distributed's backend on several workers, none on one."""
+        if self.workers == 1:
+            return {"collective_implementation": None, "note": "single device: no collectives"}
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        return {
+            "collective_implementation": f"torch.distributed {backend}",
+            "workers": self.workers,
+            "started_by": self.placement.source,
+        }
+
+    def library_layers(self) -> tuple[dict, dict]:
+        """L4 and L5 as this torch reports them."""
         import numpy
 
         torch = self.torch
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        if self.workers > 1:
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            l3 = {
-                "collective_implementation": f"torch.distributed {backend}",
-                "workers": self.workers,
-                "started_by": self.placement.source,
-            }
-        else:
-            l3 = {"collective_implementation": None, "note": "single device: no collectives"}
-        return {
-            "L1": benchmark_layers.hardware_layer(self.workers),
-            "L2": benchmark_layers.os_layer(),
-            "L3": l3,
-            "L4": {
-                "cuda_build": torch.version.cuda is not None,
-                "cuda_version": torch.version.cuda,
-                "cudnn_version": None if cudnn is None else str(cudnn),
-                "rocm_build": torch.version.hip is not None,
-                "onednn": torch.backends.mkldnn.is_available(),
-            },
-            "L5": {
-                "framework": "pytorch",
-                "framework_version": torch.__version__,
-                "framework_build": torch_build(torch),
-                "numpy_version": numpy.__version__,
-                "python_version": platform.python_version(),
-                "python_implementation": sys.implementation.name,
-            },
-            **benchmark_layers.run_layers(
-                self.setup,
-                self.workload,
-                workers=self.workers,
-                replicas=self.workers,
-                global_batch=self.global_batch,
-                precision=self.precision,
-                initial_loss_scale=self.initial_loss_scale,
-                intra_op_threads=torch.get_num_threads(),
-            ),
+        l4 = {
+            "cuda_build": torch.version.cuda is not None,
+            "cuda_version": torch.version.cuda,
+            "cudnn_version": None if cudnn is None else str(cudnn),
+            "rocm_build": torch.version.hip is not None,
+            "onednn": torch.backends.mkldnn.is_available(),
         }
+        l5 = {
+            "framework": "pytorch",
+            "framework_version": torch.__version__,
+            "framework_build": torch_build(torch),
+            "numpy_version": numpy.__version__,
+            "python_version": platform.python_version(),
+            "python_implementation": sys.implementation.name,
+        }
+        return l4, l5
+
+    def intra_op_threads(self) -> int:
+        return self.torch.get_num_threads()
 
     def close(self) -> None:
         feeder = getattr(self, "feeder", None)
@@ -531,41 +520,33 @@ class TorchTrainer:
         distributed.shutdown(self.torch)
 
 
-class TorchStepTrace:
+class TorchStepTrace(StepTrace):
     """A torch.profiler trace of global train steps `first`..`last` (counted from 1), written
     under the TensorBoard directory as a Chrome trace (TensorBoard's PyTorch profiler plugin
     reads it; so does chrome://tracing or Perfetto)."""
 
     profiler = "torch.profiler"
+    pattern = "*.pt.trace.json"
 
     def __init__(self, torch, device, log_dir: Path, first: int, last: int):
-        if not 1 <= first <= last:
-            raise ValueError(f"profile steps must be 1 <= first <= last, got {first}-{last}")
+        super().__init__(log_dir, first, last)
         self.torch, self.device = torch, device
-        self.log_dir, self.first, self.last = Path(log_dir), first, last
         self.profile = None
 
-    def before(self, step: int) -> None:
-        if step == self.first:
-            profiler = self.torch.profiler
-            activities = [profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
-                activities.append(profiler.ProfilerActivity.CUDA)
-            self.profile = profiler.profile(
-                activities=activities,
-                on_trace_ready=profiler.tensorboard_trace_handler(str(self.log_dir)),
-            )
-            self.profile.start()
+    def start(self) -> None:
+        profiler = self.torch.profiler
+        activities = [profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(profiler.ProfilerActivity.CUDA)
+        self.profile = profiler.profile(
+            activities=activities,
+            on_trace_ready=profiler.tensorboard_trace_handler(str(self.log_dir)),
+        )
+        self.profile.start()
 
-    def after(self, step: int, loss) -> None:
-        if self.profile is not None and step == self.last:
-            float(loss.detach())  # the traced steps have run to their end
-            self.stop()
+    def finish(self) -> None:
+        profile, self.profile = self.profile, None
+        profile.stop()  # writes the trace (on_trace_ready)
 
-    def stop(self) -> None:
-        if self.profile is not None:
-            profile, self.profile = self.profile, None
-            profile.stop()  # writes the trace (on_trace_ready)
-
-    def files(self) -> list[Path]:
-        return sorted(self.log_dir.glob("*.pt.trace.json"))
+    def wait(self, loss) -> None:
+        float(loss.detach())

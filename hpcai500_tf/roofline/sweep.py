@@ -262,13 +262,13 @@ def workload_points(engine, min_seconds: float, say=print, chain: int = 1) -> di
     itemsize = timed_ops.DTYPES[dtype].size
     shapes = workload.layer_shapes(engine.model, engine.global_batch)
     points = workload.layer_points(shapes, dtype, itemsize, min_seconds, chain=chain)
-    batch = engine.synthetic_batch()
-    step_flops = engine.count_flops(batch).total
-    engine.warm_up(batch)
+    batch = engine.zero_batch
+    step_flops = engine.step_flops(batch).total
+    engine.warm_up()
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        float(engine.train_step(*batch))
+        float(engine.train_step(batch))
         times.append(time.perf_counter() - start)
     seconds = sorted(times)[1]
     traffic = workload.step_traffic_bytes(shapes, itemsize)

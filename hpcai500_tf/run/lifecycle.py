@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from hpcai500_tf import config
 from hpcai500_tf import record as record_io
@@ -52,60 +51,9 @@ from hpcai500_tf.run.status import (
     diverged,
     stop_on_sigterm,
 )
+from hpcai500_tf.run.trainer import Failure, StepTrace, Trainer  # noqa: F401 - re-exported
 
 LOG_EVERY = 10  # steps between loss reads (each syncs the device) and live-view updates
-
-
-# ----------------------------------------------------------------------------- the interface
-
-
-@dataclass(frozen=True)
-class Failure:
-    """What a framework's own error means for the run: `kind` is "data" (the input data
-    failed mid-run), "peer_lost" (a peer worker died or stopped answering) or "failed"."""
-
-    kind: str
-    detail: str
-
-
-class StepTrace(Protocol):
-    """A profiler trace of global train steps `first`-`last` (counted from 1)."""
-
-    first: int
-    last: int
-    profiler: str  # the profiler's name, for the record's warning
-
-    def before(self, step: int) -> None: ...
-    def after(self, step: int, loss) -> None: ...
-    def stop(self) -> None: ...
-    def files(self) -> list[Path]: ...
-
-
-class Trainer(Protocol):
-    """What a framework supplies to the lifecycle; one per worker process."""
-
-    framework: str  # the record's source.framework: "tensorflow" or "pytorch"
-    workload: object  # train_examples, eval_examples, measures_quality, quality_metric
-    global_batch: int
-    steps_per_epoch: int
-    workers: int
-    rank: int
-    warnings: list[str]  # found while building (devices, data), for the record
-
-    def count_flops(self) -> dict: ...  # the record's flops block, of the step that runs
-    def warm_up(self, checkpoints: bool) -> None: ...  # one step undone (and the writer)
-    def train_batches(self, epochs_done: int) -> Iterator: ...
-    def train_step(self, batch): ...  # returns the loss (reading it is `loss_value`)
-    def loss_value(self, loss) -> float: ...  # syncs the device
-    def learning_rate(self) -> float: ...
-    def evaluate(self) -> float: ...  # the workload's quality over the evaluation split
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path: ...
-    def read_checkpoint(self, prefix: Path) -> int | None: ...  # the epochs it holds
-    def step_trace(self, log_dir: Path, first: int, last: int) -> StepTrace: ...
-    def layers(self) -> dict: ...  # L1-L9 as observed and configured
-    def explain(self, error: BaseException) -> Failure | None: ...
-    def gather_rows(self, row: list[float]) -> list[list[float]]: ...  # a collective
-    def close(self) -> None: ...
 
 
 # ----------------------------------------------------------------------------- one run

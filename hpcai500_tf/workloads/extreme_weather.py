@@ -29,6 +29,7 @@ RANDOM_EPOCH = 1024  # examples per epoch of random data when synthetic_samples 
 class ExtremeWeather:
     name = "extreme_weather"
     quality_metric = "map_iou50"
+    objective = "faster_rcnn"  # the detector's own losses (models/faster_rcnn.py)
     input_dtype = tf.float32  # normalised physical fields (what every data source yields)
 
     def __init__(self, preset: dict, data_dir: str | None):

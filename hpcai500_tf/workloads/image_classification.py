@@ -32,6 +32,7 @@ SPLITS = {"train": "train_examples", "validation": "eval_examples"}  # as named 
 class ImageClassification:
     name = "image_classification"
     quality_metric = "top1_accuracy"
+    objective = "softmax_cross_entropy"  # `loss`, label-smoothed by optimizer.label_smoothing
     input_dtype = tf.uint8  # what every data source yields; the engine checks it
 
     def __init__(self, preset: dict, data_dir: str | None):

@@ -13,6 +13,9 @@ class Workload(Protocol):
 
     name: str  # the benchmark's name, as configs/ names it
     quality_metric: str  # the record's quality.metric
+    # The training loss, named for every framework: "softmax_cross_entropy" (label-smoothed
+    # by optimizer.label_smoothing) or "faster_rcnn" (the detector's own losses).
+    objective: str
     input_dtype: Any  # what every data source yields (a tf.DType); the engine checks it
     train_examples: int  # one epoch's examples, as the data holds them
     eval_examples: int
