@@ -22,6 +22,7 @@ it runs before any framework loads (argument checks, a resume's checks, the laun
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -82,7 +83,6 @@ class Backend:
 
     def library_layers(self) -> tuple[dict, dict]:
         """L4 (accelerator libraries) and L5 (framework) of this process's framework."""
-        self.load()
         return self._library_layers()
 
     def system_layers(self, workers: int = 1, collective: str | None = None) -> dict[str, dict]:
@@ -92,13 +92,18 @@ class Backend:
         return machine.system_layers(self.library_layers(), workers, collective)
 
 
+def _module(name: str):
+    """A backend's module, found by name (as big_vision finds its models): the facts above
+    are plain data, so that a neutral module (the run state, the launcher) reads them without
+    an import of engine/ or pytorch/ in its arrows."""
+    return importlib.import_module(f"hpcai500_tf.{name}")
+
+
 def _load_tensorflow():
     from hpcai500_tf.tensorflow_import import import_tensorflow
 
     import_tensorflow()
-    from hpcai500_tf.engine import run
-
-    return run
+    return _module("engine.run")
 
 
 def _load_pytorch():
@@ -106,10 +111,8 @@ def _load_pytorch():
     # c10d's C++ warnings (a rendezvous retrying, say: dozens of lines) kept off stderr; its
     # errors reach the run's one line. Read when torch loads; a setting of the user's is kept.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from hpcai500_tf.pytorch import build, train
-
-    build.import_torch()  # a missing or unusable torch is one line naming the extra
-    return train
+    _module("pytorch.build").import_torch()  # a missing or unusable torch is one line
+    return _module("pytorch.train")
 
 
 def _tensorflow_trainer(setup, options, view=None):
@@ -121,14 +124,14 @@ def _pytorch_trainer(setup, options, view=None):
 
 
 def _tensorflow_library_layers() -> tuple[dict, dict]:
-    from hpcai500_tf.engine.library_layers import library_layers
+    from hpcai500_tf.tensorflow_import import import_tensorflow
 
-    return library_layers()
+    import_tensorflow()
+    return _module("engine.library_layers").library_layers()
 
 
 def _pytorch_library_layers() -> tuple[dict, dict]:
-    from hpcai500_tf.pytorch import build
-
+    build = _module("pytorch.build")
     return build.library_layers(build.import_torch())
 
 

@@ -1,5 +1,6 @@
 """The `--workers` launcher passes SIGTERM, SIGINT and SIGHUP to its workers at once and ends
-as one stopped run with the chief's exit code; it never sits on a signal (hpcai500_tf/launch.py)."""
+as one stopped run with the chief's exit code; it never sits on a signal
+(hpcai500_tf/run/launch.py)."""
 
 import json
 import os
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import launch, record
 from hpcai500_tf import lifecycle as run
+from hpcai500_tf import record
+from hpcai500_tf.run import launch
 from hpcai500_tf.run.run_directory import RunDirectory
 
 # A worker that says which signal it got in its exit code (100 + the signal's number).

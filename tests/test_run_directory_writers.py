@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, launch
+from hpcai500_tf import config
 from hpcai500_tf.cli import build_parser
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import run_directory, run_state
+from hpcai500_tf.run import launch, run_directory, run_state
 from hpcai500_tf.run.run_directory import INHERITED_LOCK, RunDirectory
 
 ROOT = Path(__file__).resolve().parents[1]

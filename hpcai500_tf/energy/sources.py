@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import (
+from hpcai500_tf.cluster.machine import (
     WORKER_GPUS,
     amd_gpus,
     computing_gpus,

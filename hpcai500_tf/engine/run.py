@@ -17,9 +17,11 @@ from pathlib import Path
 import tensorflow as tf
 
 from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
+from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.engine.loop import Engine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.lifecycle import Failure, RunOptions
@@ -218,7 +220,7 @@ def run_layers(setup: Setup, engine: Engine) -> dict:
     if name == "multi_worker":
         c = setup.communication
         l3 |= {"timeout_s": c.timeout_s, "join_timeout_s": c.join_timeout_s}
-    observed = benchmark_layers.system_layers(workers, l3["collective_implementation"])
+    observed = machine.system_layers(library_layers(), workers, l3["collective_implementation"])
     observed["L3"] = l3
     threads = (
         tf.config.threading.get_intra_op_parallelism_threads()

@@ -36,8 +36,9 @@ import sys
 from pathlib import Path
 
 from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
+from hpcai500_tf.cluster.workers import JoinWatchdog
 from hpcai500_tf.config import Setup, peak_learning_rate, precision_policy_on
-from hpcai500_tf.engine.cluster import JoinWatchdog
 from hpcai500_tf.errors import UserError, first_line
 from hpcai500_tf.lifecycle import Failure, RunOptions
 from hpcai500_tf.lifecycle import run as run_lifecycle
@@ -493,8 +494,8 @@ class TorchTrainer:
         else:
             l3 = {"collective_implementation": None, "note": "single device: no collectives"}
         return {
-            "L1": benchmark_layers.hardware_layer(self.workers),
-            "L2": benchmark_layers.os_layer(),
+            "L1": machine.hardware_layer(self.workers),
+            "L2": machine.os_layer(),
             "L3": l3,
             "L4": {
                 "cuda_build": torch.version.cuda is not None,
