@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "image_classification-tiny-20240506-070809"
 FROZEN = """
 import datetime as real
-from hpcai500_tf import run_directory
+from hpcai500_tf.run import run_directory
 class Frozen:
     @staticmethod
     def now():
@@ -57,7 +57,7 @@ def _python(code: str, **kwargs) -> subprocess.Popen:
 def test_a_second_writer_is_refused_naming_the_holder_until_it_lets_go(tmp_path):
     run = RunDirectory(tmp_path)
     holder = _python(
-        "from hpcai500_tf import run_directory as r\n"
+        "from hpcai500_tf.run import run_directory as r\n"
         f"held = r.hold(r.RunDirectory({str(tmp_path)!r}))\n"
         "print('locked', flush=True)\nimport sys\nsys.stdin.read()",
         stdin=subprocess.PIPE,
