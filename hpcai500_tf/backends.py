@@ -1,6 +1,7 @@
 """The frameworks a run trains with, found by name: where TensorFlow (engine/) and PyTorch
-(pytorch/) end. Only this module imports engine/ or pytorch/; the CLI, the launcher and the
-run state ask it for what differs between frameworks and never compare a framework's name.
+(pytorch/) end. Only this module imports engine/ or pytorch/ (by name, `_module`); the CLI,
+the launcher and the run state ask it for what differs between frameworks and never compare
+a framework's name.
 
     NAMES                                    the names, for argparse's choices; DEFAULT first
     get(name) -> Backend                     one line (UserError) for an unknown name
@@ -93,9 +94,10 @@ class Backend:
 
 
 def _module(name: str):
-    """A backend's module, found by name (as big_vision finds its models): the facts above
-    are plain data, so that a neutral module (the run state, the launcher) reads them without
-    an import of engine/ or pytorch/ in its arrows."""
+    """A backend's module, found by name when first needed (as big_vision finds its models).
+    The run state, which the lifecycle and so both backends import, reads the plain facts
+    above; an import statement here would draw the loop run_state -> backends -> engine.run
+    -> lifecycle -> run_state, which no call follows."""
     return importlib.import_module(f"hpcai500_tf.{name}")
 
 
