@@ -70,13 +70,13 @@ def test_every_visible_gpu_seen_or_none_there_passes_silently(visible, seen):
 
 def test_cuda_visible_devices_narrows_the_gpus_expected(monkeypatch):
     monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(4))
-    assert cluster_devices.visible_gpu_count({}) == 4
-    assert cluster_devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
-    assert cluster_devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
-    assert cluster_devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-2"}) == 1
-    assert cluster_devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "MIG-abc"}) == 1
+    assert machine.visible_gpu_count({}) == 4
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-2"}) == 1
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "MIG-abc"}) == 1
     monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(0))
-    assert cluster_devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0"}) == 0
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0"}) == 0
 
 
 # A worker's share (HPCAI500_WORKER_GPUS, `--workers N`): positions in the list CUDA sees.
@@ -95,25 +95,25 @@ def _mixed_node(monkeypatch):
 
 def test_a_share_picks_its_gpus_through_cuda_visible_devices_order(monkeypatch):
     uuids = [gpu["uuid"] for gpu in _mixed_node(monkeypatch)]
-    share = machine.WORKER_GPUS
-    assert machine.computing_gpus({share: "2,3"}, uuids) == ([2, 3], None)
+    share = cluster_devices.WORKER_GPUS
+    assert cluster_devices.computing_gpus({share: "2,3"}, uuids) == ([2, 3], None)
     # positions in CUDA's list: CUDA_VISIBLE_DEVICES=3,1,0,2 makes position 0 NVML's GPU 3
     listed = {"CUDA_VISIBLE_DEVICES": "3,1,0,2", share: "0,1"}
-    assert machine.computing_gpus(listed, uuids) == ([3, 1], None)
+    assert cluster_devices.computing_gpus(listed, uuids) == ([3, 1], None)
     # a share that does not fit is noted, not applied (the strategy refuses it before a run)
-    assert machine.computing_gpus({share: "4"}, uuids) == (
+    assert cluster_devices.computing_gpus({share: "4"}, uuids) == (
         [0, 1, 2, 3],
         "HPCAI500_WORKER_GPUS='4' names a GPU beyond the 4 CUDA makes visible here "
         "(positions from 0)",
     )
-    assert cluster_devices.visible_gpu_count({share: "2,3"}) == 2
-    assert cluster_devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3", share: "1"}) == 1
+    assert machine.visible_gpu_count({share: "2,3"}) == 2
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3", share: "1"}) == 1
 
 
 def test_the_gpus_expected_of_tensorflow_are_the_share(monkeypatch):
     _mixed_node(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv(machine.WORKER_GPUS, "2,3")
+    monkeypatch.setenv(cluster_devices.WORKER_GPUS, "2,3")
     with pytest.raises(UserError, match="this machine has 2 GPUs this process may use"):
         devices.check_devices(_default_strategy(), allow_cpu=False)
 
@@ -123,7 +123,7 @@ def test_l1_and_the_peak_follow_the_share(monkeypatch):
 
     _mixed_node(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv(machine.WORKER_GPUS, "2,3")
+    monkeypatch.setenv(cluster_devices.WORKER_GPUS, "2,3")
     layer = machine.hardware_layer(workers=2)
     assert [g["visible"] for g in layer["accelerators"]] == [False, False, True, True]
     assert layer["summary"] == "2 workers x 2 x NVIDIA H100 80GB HBM3 (of 4)"
@@ -159,7 +159,7 @@ def test_energy_counts_the_boards_of_the_share(monkeypatch):
     from hpcai500_tf.energy.sources import nvml_sources
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    monkeypatch.setenv(machine.WORKER_GPUS, "1,2")
+    monkeypatch.setenv(cluster_devices.WORKER_GPUS, "1,2")
     sources, note = nvml_sources(FourBoards())
     assert [(s.name, s.uuid) for s in sources] == [("gpu1", "GPU-1abc"), ("gpu2", "GPU-2abc")]
     assert note == (

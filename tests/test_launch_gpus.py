@@ -12,7 +12,7 @@ import pytest
 from hpcai500_tf import config
 from hpcai500_tf.cluster import local_workers
 from hpcai500_tf.cluster import workers as cluster_workers
-from hpcai500_tf.cluster.machine import GPU_PLACEMENT, WORKER_GPUS
+from hpcai500_tf.cluster.devices import GPU_PLACEMENT, WORKER_GPUS
 from hpcai500_tf.engine import cluster as tf_cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import launch

@@ -481,7 +481,7 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
     (the node's GPU count given as 2: there is no NVML here)."""
     from hpcai500_tf.cluster import slurm
     from hpcai500_tf.cluster import workers as cluster_workers
-    from hpcai500_tf.cluster.machine import WORKER_GPUS
+    from hpcai500_tf.cluster.devices import WORKER_GPUS
     from hpcai500_tf.pytorch.distributed import workers_from_environment
 
     variables, per_node, bound = LAYOUTS[name]

@@ -12,7 +12,7 @@ import pytest
 
 from hpcai500_tf.cluster import slurm
 from hpcai500_tf.cluster import workers as cluster_workers
-from hpcai500_tf.cluster.machine import WORKER_GPUS
+from hpcai500_tf.cluster.devices import WORKER_GPUS
 from hpcai500_tf.engine import cluster as tf_cluster
 from hpcai500_tf.errors import UserError
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcai500_tf.cluster import devices as cluster_devices
 from hpcai500_tf.cluster import machine, slurm
 from hpcai500_tf.cluster import workers as cluster_workers
 from hpcai500_tf.errors import UserError
@@ -214,7 +215,7 @@ def test_gpus_nvml_will_not_open_are_skipped_and_named_never_a_traceback(
     nvml = _fake_pynvml(count, readable)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the task's own GPU, as CUDA numbers it
-    monkeypatch.delenv(machine.WORKER_GPUS, raising=False)
+    monkeypatch.delenv(cluster_devices.WORKER_GPUS, raising=False)
     machine.nvidia_gpus.cache_clear()
     monkeypatch.setattr(machine, "amd_gpus", lambda: ([], "none"))
     try:

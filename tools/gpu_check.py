@@ -54,14 +54,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcai500_tf.cluster.local_workers import free_ports, tf_configs, worker_environments
-from hpcai500_tf.cluster.machine import (
+from hpcai500_tf.cluster.devices import (
     GPU_PLACEMENT,
     PLACEMENTS,
     WORKER_GPUS,
     cuda_visible_entries,
     gpu_selection,
 )
+from hpcai500_tf.cluster.local_workers import free_ports, tf_configs, worker_environments
 from hpcai500_tf.errors import ArgumentParser
 from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
 

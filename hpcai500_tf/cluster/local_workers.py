@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping
 
 from hpcai500_tf.cluster import workers as cluster_workers
-from hpcai500_tf.cluster.machine import WORKER_GPUS, gpu_placement, worker_gpu_positions
+from hpcai500_tf.cluster.devices import WORKER_GPUS, gpu_placement, worker_gpu_positions
 from hpcai500_tf.errors import UserError
 
 MAX_WORKERS = 128

@@ -1,9 +1,8 @@
-"""This machine as a benchmark record names it, with no framework: L1 (CPU, memory, GPUs),
-L2 (OS, driver) and L3 (the collective), and which GPUs this process computes on
-(CUDA_VISIBLE_DEVICES as CUDA reads it, a worker's share in HPCAI500_WORKER_GPUS, how it is
-kept to them). L4 and L5, the framework's, come from the backend (backends.py); L6-L9 are set
-by a run's config (benchmark_layers.py). Values that cannot be observed are recorded as None,
-never guessed.
+"""This machine as a benchmark record names it, with no framework: L1 (CPU, memory, GPUs,
+each marked where this process computes on it: cluster/devices.py reads CUDA_VISIBLE_DEVICES
+and a worker's share for it), L2 (OS, driver) and L3 (the collective). L4 and L5, the
+framework's, come from the backend (backends.py); L6-L9 are set by a run's config
+(benchmark_layers.py). Values that cannot be observed are recorded as None, never guessed.
 """
 
 from __future__ import annotations
@@ -15,9 +14,10 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
-from hpcai500_tf.errors import UserError
+from hpcai500_tf.cluster.devices import computing_gpus, cuda_visible_entries
 
 # ISA features that decide which kernels a CPU can run fast for training.
 _RELEVANT_ISA = (
@@ -241,121 +241,16 @@ def amd_visible(count: int, environ=None) -> list[int]:
     return [int(e) for e in entries if e.isdigit() and int(e) < count]
 
 
-def _gpu_named(entry: str, uuids: list[str]) -> int | None:
-    """The NVML index an entry of CUDA_VISIBLE_DEVICES names: an index, or a GPU UUID or a
-    prefix of one that no other GPU shares, as CUDA accepts them."""
-    if entry.isdigit():
-        return int(entry) if int(entry) < len(uuids) else None
-    if entry.startswith("GPU-"):
-        matches = [i for i, uuid in enumerate(uuids) if uuid.lower().startswith(entry.lower())]
-        return matches[0] if len(matches) == 1 else None
-    return None
-
-
-def cuda_visible_entries(value: str) -> list[str]:
-    """The entries of a set CUDA_VISIBLE_DEVICES that CUDA reads: up to the first empty or
-    negative one (CUDA ignores it and everything after it)."""
-    entries = []
-    for entry in (entry.strip() for entry in value.split(",")):
-        if not entry or entry.startswith("-") or entry == "NoDevFiles":
-            break
-        entries.append(entry)
-    return entries
-
-
-def cuda_visible_gpus(value: str | None, uuids: list[str]) -> tuple[list[int] | None, str | None]:
-    """The NVML indices of the GPUs a CUDA program here may use, given CUDA_VISIBLE_DEVICES
-    (`value`, None when unset) and the UUID of each GPU in NVML order; and a one-line note
-    where the variable names something that is no GPU here.
-
-    Read as CUDA reads it: the list ends at the first empty or negative entry, and at the
-    first entry naming no GPU here (CUDA ignores it and everything after it). Indices are
-    taken in NVML's PCI bus order, which is CUDA's where CUDA_DEVICE_ORDER=PCI_BUS_ID or
-    where all GPUs are alike; UUIDs are exact either way. MIG instances ("MIG-...") are out
-    of scope: None for the indices, and a note."""
-    if value is None:
-        return list(range(len(uuids))), None
-    chosen: list[int] = []
-    for entry in cuda_visible_entries(value):
-        if entry.startswith("MIG-"):
-            return None, (
-                f"CUDA_VISIBLE_DEVICES={value!r} names MIG instances: not resolved to GPUs "
-                "(MIG is out of scope: NVML's energy counter covers the whole GPU)"
-            )
-        index = _gpu_named(entry, uuids)
-        if index is None:
-            return chosen, (
-                f"CUDA_VISIBLE_DEVICES={value!r}: {entry!r} is none of the {len(uuids)} GPUs "
-                "here (CUDA ignores it and the entries after it)"
-            )
-        if index not in chosen:
-            chosen.append(index)
-    return chosen, None
-
-
-# A worker's share of the GPUs CUDA makes visible (positions in that list, e.g. "2,3"), set
-# by `--workers N`: every worker sees every GPU (NCCL's peer-to-peer path between them needs
-# that on some NCCL versions) and computes on its share (tf.config.set_visible_devices).
-WORKER_GPUS = "HPCAI500_WORKER_GPUS"
-# How a worker is kept to its share: set_visible_devices (every GPU visible, TensorFlow told
-# its share) or cuda_visible_devices (each worker sees only its share), by this variable.
-GPU_PLACEMENT = "HPCAI500_GPU_PLACEMENT"
-PLACEMENTS = ("set_visible_devices", "cuda_visible_devices")
-
-
-def gpu_placement(environ, entries: list[str], who: str = "worker") -> str:
-    """The placement GPU_PLACEMENT asks for, or the default for these CUDA_VISIBLE_DEVICES
-    `entries`: cuda_visible_devices for MIG instances (they have no CUDA IPC, so no
-    peer-to-peer path to keep), set_visible_devices otherwise; an unknown one is one line."""
-    mig = any(entry.startswith("MIG-") for entry in entries)
-    placement = environ.get(GPU_PLACEMENT) or PLACEMENTS[1 if mig else 0]
-    if placement not in PLACEMENTS:
-        raise UserError(
-            f"{GPU_PLACEMENT}={placement!r}: use set_visible_devices (the default: every "
-            f"{who} sees every GPU and TensorFlow computes on its share) or "
-            f"cuda_visible_devices (each {who} sees only its share)"
-        )
-    return placement
-
-
-def worker_gpu_positions(value: str, count: int) -> tuple[list[int] | None, str | None]:
-    """(positions, None) of the GPUs a worker's share (`value`, WORKER_GPUS) names in the list
-    of `count` GPUs CUDA makes visible to it, in the order given; (None, a one-line problem)
-    where it names none, a position twice, something that is not a position, or one beyond
-    `count`."""
-    entries = [entry.strip() for entry in value.split(",")]
-    problem = None
-    if not all(entry.isdigit() for entry in entries):
-        problem = "is not a list of GPU positions such as 2,3"
-    elif len(set(entries)) < len(entries):
-        problem = "names a GPU twice"
-    elif max(int(entry) for entry in entries) >= count:
-        problem = f"names a GPU beyond the {count} CUDA makes visible here (positions from 0)"
-    if problem:
-        return None, f"{WORKER_GPUS}={value!r} {problem}"
-    return [int(entry) for entry in entries], None
-
-
-def computing_gpus(environ, uuids: list[str]) -> tuple[list[int] | None, str | None]:
-    """The NVML indices of the GPUs this process computes on: those CUDA_VISIBLE_DEVICES
-    leaves it (`cuda_visible_gpus`), narrowed to this worker's share where WORKER_GPUS is set;
-    and a one-line note where either names something that is no GPU here (a share that does
-    not fit is noted and not applied: the strategy refuses it before a run starts)."""
-    chosen, note = cuda_visible_gpus(environ.get("CUDA_VISIBLE_DEVICES"), uuids)
-    share = environ.get(WORKER_GPUS)
-    if share is None or not chosen:
-        return chosen, note
-    positions, problem = worker_gpu_positions(share, len(chosen))
-    if positions is None:
-        return chosen, "; ".join(filter(None, (note, problem)))
-    return [chosen[position] for position in positions], note
-
-
-def gpu_selection(environ) -> str:
-    """What chose this process's GPUs, for a note: CUDA_VISIBLE_DEVICES and the share, those
-    of the two that are set (CUDA_VISIBLE_DEVICES named when neither is)."""
-    chosen = [name for name in ("CUDA_VISIBLE_DEVICES", WORKER_GPUS) if name in environ]
-    return ", ".join(f"{name}={environ.get(name)!r}" for name in chosen or ["CUDA_VISIBLE_DEVICES"])
+def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
+    """The GPUs this process may use: NVML's, narrowed by CUDA_VISIBLE_DEVICES as CUDA reads
+    it and to this worker's share (HPCAI500_WORKER_GPUS, `--workers N`). MIG instances are not
+    resolved to GPUs: where they are named, at least one."""
+    environ = os.environ if environ is None else environ
+    gpus, _, _ = nvidia_gpus()
+    if not gpus:
+        return 0
+    indices, _ = computing_gpus(environ, [gpu["uuid"] for gpu in gpus])
+    return 1 if indices is None else len(indices)
 
 
 def _gpu_summary(used: list[dict], count: int, mig: bool) -> str:

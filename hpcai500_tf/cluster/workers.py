@@ -30,8 +30,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from hpcai500_tf.cluster import devices as cluster_devices
 from hpcai500_tf.cluster import machine, slurm
-from hpcai500_tf.cluster.machine import WORKER_GPUS
+from hpcai500_tf.cluster.devices import WORKER_GPUS
 from hpcai500_tf.cluster.slurm import SlurmCluster, port_free, shown
 from hpcai500_tf.errors import UserError
 
@@ -188,7 +189,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None, count: int | None = N
     listed = environ.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return [str(index) for index in range(count)]
-    return machine.cuda_visible_entries(listed)
+    return cluster_devices.cuda_visible_entries(listed)
 
 
 def resolve_collective(requested: str, gpus: list) -> str:
@@ -227,7 +228,7 @@ def slurm_gpu_variables(
     every GPU, as with `--workers N`); or the slice as CUDA_VISIBLE_DEVICES with
     HPCAI500_GPU_PLACEMENT=cuda_visible_devices, the default for MIG instances. A share set
     already, other than this task's, is refused: Slurm hands out the GPUs here."""
-    placement = machine.gpu_placement(environ, visible, "task")
+    placement = cluster_devices.gpu_placement(environ, visible, "task")
     variables = {}
     if task.gpus and tuple(visible) != task.gpus:  # a slice (slurm.gpu_share), by local index
         if placement == "cuda_visible_devices":

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpcai500_tf.cluster import devices as cluster_devices
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.cluster.devices import bfloat16_check
 from hpcai500_tf.errors import UserError
 
@@ -153,7 +153,7 @@ def check_devices(strategy, allow_cpu: bool, view=None, policy: str = "float32")
     used = devices_used(strategy, len(gpus))
     # A strategy computing on no GPU is the same fallback as TensorFlow seeing none.
     computing = len(gpus) if any(device_kind(device) == "GPU" for device in used) else 0
-    warning = gpu_check(cluster_devices.visible_gpu_count(), computing, allow_cpu)
+    warning = gpu_check(machine.visible_gpu_count(), computing, allow_cpu)
     capabilities = []
     for gpu in gpus:
         capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from hpcai500_tf.cluster import workers as cluster_workers
-from hpcai500_tf.cluster.machine import WORKER_GPUS, worker_gpu_positions
+from hpcai500_tf.cluster.devices import WORKER_GPUS, worker_gpu_positions
 from hpcai500_tf.config import CommunicationConfig
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError

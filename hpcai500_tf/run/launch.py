@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpcai500_tf import backends
+from hpcai500_tf.cluster.devices import WORKER_GPUS
 from hpcai500_tf.cluster.local_workers import MAX_WORKERS
-from hpcai500_tf.cluster.machine import WORKER_GPUS
 from hpcai500_tf.config import Setup
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
