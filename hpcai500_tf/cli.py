@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpcai500_tf import __version__
+from hpcai500_tf import __version__, backends
 from hpcai500_tf.errors import ArgumentParser, UserError, one_line
 from hpcai500_tf.report.text import printable
 from hpcai500_tf.tensorflow_import import import_tensorflow, keep_tensorflow_quiet
@@ -18,10 +18,7 @@ MAX_POWER_SECONDS = 86_400
 
 
 def _sysinfo(args: argparse.Namespace) -> int:
-    import_tensorflow()
-    from hpcai500_tf import benchmark_layers
-
-    observed = benchmark_layers.system_layers()
+    observed = backends.get("tensorflow").system_layers()
     if args.json:
         print(json.dumps(observed, indent=2))
         return 0
@@ -36,9 +33,9 @@ def _sysinfo(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from hpcai500_tf.engine import cluster
+    from hpcai500_tf.cluster import workers
 
-    plan = cluster.cluster_plan()
+    plan = workers.cluster_plan()
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
@@ -109,92 +106,79 @@ def _directory(flag: str, path: str) -> Path:
     return check_output_directory(flag, path)
 
 
-def _framework(args: argparse.Namespace) -> str:
-    """The framework a run trains with: --framework, or a resumed run's own (from its state);
-    one line where they disagree."""
+def _framework(args: argparse.Namespace):
+    """The backend a run trains with (backends.py): --framework's, or a resumed run's own
+    (from its state); one line where they disagree."""
     if not args.resume:
-        return args.framework or "tensorflow"
-    from hpcai500_tf.run import resume
+        return backends.get(args.framework or backends.DEFAULT)
+    from hpcai500_tf.run import run_state
+    from hpcai500_tf.run.run_directory import CONFIG_FILE
 
-    return resume.trained_with(args.resume, args.framework)
-
-
-def _backend(framework: str):
-    """The framework's module, whose `run(setup, options, view)` trains; for PyTorch, in a
-    process that then refuses TensorFlow (pytorch/feeder.py says why)."""
-    if framework == "tensorflow":
-        import_tensorflow()
-        from hpcai500_tf.engine import run
-
-        return run
-    sys.modules["tensorflow"] = None  # an import of it fails here, loudly, not in triton later
-    # c10d's C++ warnings (a rendezvous retrying, say: dozens of lines) kept off stderr; its
-    # errors reach the run's one line. Read when torch loads; a setting of the user's is kept.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from hpcai500_tf.pytorch import build, train
-
-    build.import_torch()  # a missing or unusable torch is one line naming the extra
-    return train
+    run_dir = Path(args.resume)
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"{args.resume}: not a run directory (no {CONFIG_FILE})")
+    run_state.check_run_files(run_dir)
+    trained = backends.get(run_state.read_state(run_dir)["framework"])
+    if args.framework and backends.get(args.framework) is not trained:
+        raise UserError(
+            f"{args.resume}: it was trained with {trained.name}; resume it with --framework "
+            f"{trained.name} (or --resume alone)"
+        )
+    return trained
 
 
 def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
     from hpcai500_tf.energy.sampler import check_rate
-    from hpcai500_tf.engine.cluster import strategy_overrides
+    from hpcai500_tf.lifecycle import RunOptions, WorkerRunEnded, exit_code
     from hpcai500_tf.report.streams import keep_console
-    from hpcai500_tf.run.options import RunOptions
-    from hpcai500_tf.run.status import WorkerRunEnded, exit_code
 
     keep_console()  # a console that goes away (`| head`) ends the output, never the run
     check_rate("--power-hz", args.power_hz, may_be_off=True)
     if not args.resume:
         _directory("--out", args.out)
-    framework = _framework(args)
-    if args.device != "auto" and framework != "pytorch":
-        raise UserError("--device is for --framework pytorch (TensorFlow uses what it sees)")
+    backend = _framework(args)
+    backend.check_arguments(device=args.device)
     launching = args.workers is not None
-    overrides = [*args.set, *strategy_overrides(launching, framework)]
-    plan = None
+    overrides = [*args.set, *backend.strategy_overrides(launching)]
     if args.resume:  # validated before any framework loads
         setup = config.resume_setup(
             args.resume, args.benchmark, args.preset, overrides, args.config
         )
-        from hpcai500_tf.run import resume
+        from hpcai500_tf.run import run_state
 
-        plan = resume.plan(args.resume, setup.training.epochs)
+        run_state.check_resumable(args.resume, setup.training.epochs)
     else:
         setup = config.run_setup(args.benchmark, args.preset, overrides, args.config)
     if launching:
-        from hpcai500_tf import launch
+        from hpcai500_tf.run import launch
 
         worker_args = launch.worker_args(args)
         return launch.launch(
-            setup, worker_args, args.workers, args.out, args.resume, framework=framework
+            setup, worker_args, args.workers, args.out, args.resume, framework=backend.name
         )
     options = RunOptions(
         data_dir=args.data,
         out_dir=args.out,
-        resume=plan,
+        resume=args.resume,
         power_hz=args.power_hz,
         meter_log=args.meter_log,
         run_dir=args.run_dir,
+        tensorboard=args.tensorboard,
         profile_steps=args.profile_steps,
         allow_cpu=args.allow_cpu,
         device=args.device,
     )
-    backend = _backend(framework)
+    backend.load()  # a missing or unusable framework is one line, before the title
     from hpcai500_tf.report.console import console, escape, score_table
     from hpcai500_tf.report.live import LiveView
-    from hpcai500_tf.report.streams import LostStreams
-    from hpcai500_tf.report.tensorboard import TensorBoard
     from hpcai500_tf.results import scoring
 
     title = f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'"
-    console.print(title + (" (PyTorch)" if framework == "pytorch" else ""))
+    console.print(title + backend.title)
     view = LiveView()
     try:
-        board = TensorBoard() if args.tensorboard else None
-        record, path = backend.run(setup, options, [view, board, LostStreams()])
+        record, path = backend.run(setup, options, view)
     except WorkerRunEnded as ended:
         print(f"hpcai500-tf: {one_line(ended)}", file=sys.stderr, flush=True)
         backend.end_worker(ended.code)  # TensorFlow's shutdown would wait for a peer
@@ -376,10 +360,7 @@ def _flops(args: argparse.Namespace) -> int:
     setup = config.without_data(
         config.run_setup(args.benchmark, args.preset, args.set, args.config)
     )
-    import_tensorflow()
-    from hpcai500_tf.engine import run
-
-    report = run.flops_report(setup, args.allow_cpu)
+    report = backends.get("tensorflow").load().flops_report(setup, args.allow_cpu)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -516,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_allow_cpu(train)
     train.add_argument(
         "--framework",
-        choices=("tensorflow", "pytorch"),
+        choices=backends.NAMES,
         help="tensorflow (default; a resumed run: its own), or pytorch: the same preset in "
         "plain PyTorch, for comparing L5 (needs the torch extra)",
     )

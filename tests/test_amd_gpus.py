@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
+from hpcai500_tf.cluster import workers as cluster_workers
 from hpcai500_tf.energy import sources
-from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.roofline import peaks
 
@@ -39,18 +39,18 @@ def rocm_tools(tmp_path, monkeypatch):
         script.write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
         script.chmod(0o755)
         monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-        benchmark_layers.amd_gpus.cache_clear()
+        machine.amd_gpus.cache_clear()
 
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", lambda: ([], None, "no NVML"))
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 0)
+    monkeypatch.setattr(machine, "nvidia_gpus", lambda: ([], None, "no NVML"))
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 0)
     yield install
-    benchmark_layers.amd_gpus.cache_clear()
+    machine.amd_gpus.cache_clear()
 
 
 def test_rocm_smi_gpus_are_named_in_l1_and_reach_the_peak_table(rocm_tools, monkeypatch):
     rocm_tools("rocm-smi", ROCM_SMI)
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
-    l1 = benchmark_layers.hardware_layer()
+    l1 = machine.hardware_layer()
     assert [(g["model"], g["vendor"], g["visible"]) for g in l1["accelerators"]] == [
         ("AMD Instinct MI300X OAM", "AMD", False),
         ("AMD Instinct MI300X OAM", "AMD", True),
@@ -62,7 +62,7 @@ def test_rocm_smi_gpus_are_named_in_l1_and_reach_the_peak_table(rocm_tools, monk
 
 def test_amd_smi_gpus_are_named_too(rocm_tools):
     rocm_tools("amd-smi", AMD_SMI)
-    l1 = benchmark_layers.hardware_layer()
+    l1 = machine.hardware_layer()
     assert l1["summary"] == "2 x AMD Instinct MI250X"
     assert "MI250X (one GCD)" in peaks.theoretical_peak("fp32", l1)[1]
 
@@ -70,9 +70,9 @@ def test_amd_smi_gpus_are_named_too(rocm_tools):
 def test_a_multi_worker_run_on_amd_gpus_is_refused_in_one_line(rocm_tools):
     rocm_tools("rocm-smi", ROCM_SMI)
     with pytest.raises(UserError, match="multi-worker runs on AMD GPUs are not built yet") as error:
-        cluster.strategy_overrides(launching_workers=True)
+        cluster_workers.strategy_overrides(launching_workers=True)
     assert "\n" not in str(error.value)
-    assert cluster.strategy_overrides(launching_workers=False) == []  # one worker runs
+    assert cluster_workers.strategy_overrides(launching_workers=False) == []  # one worker runs
 
 
 def test_amd_gpu_energy_is_reported_as_not_measured(rocm_tools, tmp_path):
@@ -84,4 +84,4 @@ def test_amd_gpu_energy_is_reported_as_not_measured(rocm_tools, tmp_path):
 
 def test_a_machine_without_rocm_tools_lists_no_amd_gpu(rocm_tools):
     rocm_tools("unrelated-tool", {})
-    assert benchmark_layers.amd_gpus()[0] == []
+    assert machine.amd_gpus()[0] == []

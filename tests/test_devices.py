@@ -9,11 +9,14 @@ import sys
 
 import pytest
 
-from hpcai500_tf import benchmark_layers, tensorflow_import
+from hpcai500_tf import tensorflow_import
 from hpcai500_tf.cli import build_parser, main
+from hpcai500_tf.cluster import devices as cluster_devices
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.engine import devices
+from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.launch import worker_args
+from hpcai500_tf.run.launch import worker_args
 
 # TensorFlow 2.21's CUDA wheels: SASS up to Ada (8.9), PTX for Hopper (9.0).
 TF_221_ARCHITECTURES = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]
@@ -32,7 +35,7 @@ def _fake_gpus(count: int):
 @pytest.fixture
 def two_gpus(monkeypatch):
     """A machine whose NVML sees two GPUs, all visible: this CPU-only TensorFlow sees none."""
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(2))
+    monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(2))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
@@ -66,14 +69,14 @@ def test_every_visible_gpu_seen_or_none_there_passes_silently(visible, seen):
 
 
 def test_cuda_visible_devices_narrows_the_gpus_expected(monkeypatch):
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(4))
-    assert devices.visible_gpu_count({}) == 4
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-2"}) == 1
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "MIG-abc"}) == 1
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(0))
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0"}) == 0
+    monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(4))
+    assert machine.visible_gpu_count({}) == 4
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-2"}) == 1
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "MIG-abc"}) == 1
+    monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(0))
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "0"}) == 0
 
 
 # A worker's share (HPCAI500_WORKER_GPUS, `--workers N`): positions in the list CUDA sees.
@@ -86,31 +89,31 @@ def _mixed_node(monkeypatch):
         {"index": i, "model": model, "memory_bytes": 80 << 30, "uuid": f"GPU-{i}abc"}
         for i, model in enumerate(models)
     ]
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", lambda: (gpus, "570.00", None))
+    monkeypatch.setattr(machine, "nvidia_gpus", lambda: (gpus, "570.00", None))
     return gpus
 
 
 def test_a_share_picks_its_gpus_through_cuda_visible_devices_order(monkeypatch):
     uuids = [gpu["uuid"] for gpu in _mixed_node(monkeypatch)]
-    share = benchmark_layers.WORKER_GPUS
-    assert benchmark_layers.computing_gpus({share: "2,3"}, uuids) == ([2, 3], None)
+    share = cluster_devices.WORKER_GPUS
+    assert cluster_devices.computing_gpus({share: "2,3"}, uuids) == ([2, 3], None)
     # positions in CUDA's list: CUDA_VISIBLE_DEVICES=3,1,0,2 makes position 0 NVML's GPU 3
     listed = {"CUDA_VISIBLE_DEVICES": "3,1,0,2", share: "0,1"}
-    assert benchmark_layers.computing_gpus(listed, uuids) == ([3, 1], None)
+    assert cluster_devices.computing_gpus(listed, uuids) == ([3, 1], None)
     # a share that does not fit is noted, not applied (the strategy refuses it before a run)
-    assert benchmark_layers.computing_gpus({share: "4"}, uuids) == (
+    assert cluster_devices.computing_gpus({share: "4"}, uuids) == (
         [0, 1, 2, 3],
         "HPCAI500_WORKER_GPUS='4' names a GPU beyond the 4 CUDA makes visible here "
         "(positions from 0)",
     )
-    assert devices.visible_gpu_count({share: "2,3"}) == 2
-    assert devices.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3", share: "1"}) == 1
+    assert machine.visible_gpu_count({share: "2,3"}) == 2
+    assert machine.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1,3", share: "1"}) == 1
 
 
 def test_the_gpus_expected_of_tensorflow_are_the_share(monkeypatch):
     _mixed_node(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv(benchmark_layers.WORKER_GPUS, "2,3")
+    monkeypatch.setenv(cluster_devices.WORKER_GPUS, "2,3")
     with pytest.raises(UserError, match="this machine has 2 GPUs this process may use"):
         devices.check_devices(_default_strategy(), allow_cpu=False)
 
@@ -120,8 +123,8 @@ def test_l1_and_the_peak_follow_the_share(monkeypatch):
 
     _mixed_node(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv(benchmark_layers.WORKER_GPUS, "2,3")
-    layer = benchmark_layers.hardware_layer(workers=2)
+    monkeypatch.setenv(cluster_devices.WORKER_GPUS, "2,3")
+    layer = machine.hardware_layer(workers=2)
     assert [g["visible"] for g in layer["accelerators"]] == [False, False, True, True]
     assert layer["summary"] == "2 workers x 2 x NVIDIA H100 80GB HBM3 (of 4)"
     assert peaks.theoretical_peak("fp32", layer)[1].startswith("NVIDIA H100 80GB HBM3 = ")
@@ -156,7 +159,7 @@ def test_energy_counts_the_boards_of_the_share(monkeypatch):
     from hpcai500_tf.energy.sources import nvml_sources
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    monkeypatch.setenv(benchmark_layers.WORKER_GPUS, "1,2")
+    monkeypatch.setenv(cluster_devices.WORKER_GPUS, "1,2")
     sources, note = nvml_sources(FourBoards())
     assert [(s.name, s.uuid) for s in sources] == [("gpu1", "GPU-1abc"), ("gpu2", "GPU-2abc")]
     assert note == (
@@ -197,7 +200,7 @@ def test_allow_cpu_proceeds_with_a_warning(two_gpus, capsys):
 
 
 def test_a_machine_without_gpus_proceeds_silently(monkeypatch, capsys):
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(0))
+    monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(0))
     assert devices.check_devices(_default_strategy(), allow_cpu=False) == []
     assert capsys.readouterr().err == ""
     assert _devices_in_l5() == [CPU_DEVICE]
@@ -206,14 +209,14 @@ def test_a_machine_without_gpus_proceeds_silently(monkeypatch, capsys):
 def test_the_mirrored_strategy_devices_are_recorded(monkeypatch):
     import tensorflow as tf
 
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", _fake_gpus(0))
+    monkeypatch.setattr(machine, "nvidia_gpus", _fake_gpus(0))
     strategy = tf.distribute.MirroredStrategy()
     devices.check_devices(strategy, allow_cpu=False)
     assert _devices_in_l5(strategy) == [CPU_DEVICE]
 
 
 def test_sysinfo_without_a_run_names_no_devices_used():
-    assert "devices_used" not in benchmark_layers.library_layers()[1]
+    assert "devices_used" not in library_layers()[1]
 
 
 def test_a_runs_record_names_the_devices_it_computed_on(tf_tiny):
@@ -309,7 +312,7 @@ def test_l5_records_the_gpu_settings_and_who_set_them(monkeypatch):
     monkeypatch.delenv("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT")
     monkeypatch.setattr(tensorflow_import, "_set_by_project", set())
     tensorflow_import.apply_gpu_defaults()
-    _, l5 = benchmark_layers.library_layers()
+    _, l5 = library_layers()
     assert l5["gpu_environment"] == [
         "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT=1 (project default)",
         "TF_GPU_THREAD_MODE=gpu_shared (user)",
@@ -344,7 +347,7 @@ def test_a_run_records_the_devices_it_used(tf_tiny):
 
 def test_bf16_is_refused_on_gpus_before_ampere_and_names_fp16():
     with pytest.raises(UserError, match=r"bf16 on GPU compute capability 7\.0, 7\.5: .*fp16"):
-        devices.bfloat16_check("mixed_bfloat16", [(7, 0), (7, 5), (8, 0)])
+        cluster_devices.bfloat16_check("mixed_bfloat16", [(7, 0), (7, 5), (8, 0)])
 
 
 @pytest.mark.parametrize(
@@ -356,4 +359,4 @@ def test_bf16_is_refused_on_gpus_before_ampere_and_names_fp16():
     ],
 )
 def test_bf16_check_passes_what_the_hardware_computes(policy, capabilities):
-    assert devices.bfloat16_check(policy, capabilities) is None
+    assert cluster_devices.bfloat16_check(policy, capabilities) is None

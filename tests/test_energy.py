@@ -365,7 +365,7 @@ def test_mig_instances_are_out_of_scope(monkeypatch):
     ],
 )
 def test_cuda_visible_devices_is_read_as_cuda_reads_it(value, indices):
-    from hpcai500_tf.benchmark_layers import cuda_visible_gpus
+    from hpcai500_tf.cluster.devices import cuda_visible_gpus
 
     uuids = ["GPU-aa01", "GPU-ab02", "GPU-cc03"]
     assert cuda_visible_gpus(value, uuids)[0] == indices

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcai500_tf.benchmark_layers import WORKER_GPUS
+from hpcai500_tf.cluster.devices import WORKER_GPUS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "gpu_check.py"

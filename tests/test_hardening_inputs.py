@@ -226,7 +226,7 @@ def test_garbage_sensor_readings_are_failed_reads():
 
 
 def test_worker_logs_never_follow_a_symlink(tmp_path, monkeypatch):
-    from hpcai500_tf import launch
+    from hpcai500_tf.run import launch
 
     run_dir = tmp_path / "run"
     link, target = _planted_link(run_dir, "workers/worker-1.log")

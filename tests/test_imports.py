@@ -1,6 +1,8 @@
 """The package's arrows run one way: no import cycle between its modules (imports inside
-functions included) or between its subpackages, and a framework-neutral core that imports
-neither TensorFlow, Keras nor torch (checked in a process where they cannot be imported)."""
+functions included) or between its subpackages; a framework-neutral core, found by path, that
+imports neither TensorFlow, Keras nor torch (checked in a process where they cannot be
+imported); and one seam between the two (backends.py), the only module outside the
+frameworks' own folders that reaches engine/ or pytorch/."""
 
 import ast
 import subprocess
@@ -9,21 +11,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hpcai500_tf"
 FRAMEWORKS = ("tensorflow", "keras", "torch")
-
-# Config, checks, files, the run directory's layout, the record and its builder, scoring,
-# compare, scaling, MLPerf logs and results, energy, the run's lifecycle files (progress,
-# resume state, MLPerf log lines), Slurm, and the console and report pages.
-CORE = [
-    "mlperf.analytical_flops", "results.compare", "config", "errors", "files", "layers",
-    "mlperf.mlperf_import", "mlperf.mlperf_system", "mlperf.mlperf_tree", "record",
-    "results.record_builder", "run.directory", "results.scaling", "results.scoring",
-    "cluster.slurm", "validation", "energy.integrate", "energy.meter_log", "energy.sampler",
-    "energy.sources", "run.lifecycle", "mlperf.mllog", "run.checkpoints", "run.energy",
-    "run.mlperf_log", "run.observers", "run.options", "run.progress", "run.record", "run.resume",
-    "run.state", "run.status", "models.kernel_choices", "report.console", "report.event_files",
-    "report.live", "report.pages", "report.run_files", "report.tensorboard", "report.text",
-    "workload_config",
-]  # fmt: skip
+BACKENDS = ("engine", "pytorch")  # TensorFlow's and PyTorch's runners, reached by backends.py
+# Where a framework may be imported: the runners, TensorFlow's input pipelines (data/), Keras
+# models (models/), the workloads built on them, TensorFlow's FLOPs count (measure/), the
+# roofline's timed TensorFlow ops, and TensorFlow's import settings. Everything else is the
+# framework-neutral core: the CLI, config, checks, files, records, the registry, cluster/,
+# run/, results/, mlperf/, energy/ and report/.
+FRAMEWORK_SIDE = (*BACKENDS, "data", "models", "workloads", "measure", "roofline")
+FRAMEWORK_MODULES = ("tensorflow_import",)
 
 
 def module_name(path: Path) -> str:
@@ -128,14 +123,38 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def core() -> list[str]:
+    """The framework-neutral core: every module outside FRAMEWORK_SIDE and FRAMEWORK_MODULES,
+    by its name below the package."""
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[0] in FRAMEWORK_SIDE or parts[0] in FRAMEWORK_MODULES:
+            continue
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return [name for name in names if name]
+
+
+def test_the_core_is_most_of_the_package():
+    """The walk finds the core's folders and leaves the frameworks' out."""
+    found = core()
+    expected = ["cli", "backends", "cluster.workers", "cluster.machine", "run.launch"]
+    expected += ["run.state", "results.scoring", "report.console", "energy.sources"]
+    assert set(expected) <= set(found)
+    assert not [name for name in found if name.split(".")[0] in FRAMEWORK_SIDE]
+
+
 def test_the_core_names_no_framework_anywhere():
-    for name in CORE:
+    for name in core():
         path = PACKAGE / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = PACKAGE / name.replace(".", "/") / "__init__.py"
         named = {target.split(".")[0] for target in imports(path)}
         assert not named & set(FRAMEWORKS), f"{name} imports {named & set(FRAMEWORKS)}"
 
 
 def test_the_core_imports_where_no_framework_can_be_imported():
+    modules = core()
     script = f"""
 import importlib, sys
 class Blocked:
@@ -143,13 +162,65 @@ class Blocked:
         if name.split(".")[0] in {FRAMEWORKS!r}:
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Blocked())
-for name in {CORE!r}:
+for name in {modules!r}:
     importlib.import_module("hpcai500_tf." + name)
-print("imported", len({CORE!r}))
+print("imported", len({modules!r}))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"imported {len(CORE)}" in result.stdout
+    assert f"imported {len(modules)}" in result.stdout
+
+
+def test_only_the_registry_reaches_engine_or_pytorch():
+    """engine/ (TensorFlow) and pytorch/ are imported by themselves and by backends.py, which
+    finds them by name; by no other module of the package."""
+    reaching = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        side = name.split(".")[1] if name.count(".") else ""
+        if name == "hpcai500_tf.backends" or side in BACKENDS:
+            continue
+        found = {
+            t for t in imports(path) if t.split(".")[:2] in [["hpcai500_tf", b] for b in BACKENDS]
+        }
+        if found:
+            reaching[name] = sorted(found)
+    assert reaching == {}
+
+
+def test_engine_and_pytorch_never_import_each_other():
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        side = name.split(".")[1] if name.count(".") else ""
+        if side in BACKENDS:
+            other = {"engine": "pytorch", "pytorch": "engine"}[side]
+            named = {t for t in imports(path) if t.startswith(f"hpcai500_tf.{other}")}
+            assert not named, f"{name} imports {sorted(named)}"
+
+
+FRAMEWORK_NAMES = {"tensorflow", "pytorch", "torch", "keras"}
+
+
+def test_no_framework_name_is_compared_outside_the_registry():
+    """A framework's name is looked up in backends.py (`get`), never compared as a string in
+    the core (argument parsing names them as choices, which is no comparison)."""
+    compared = []
+    for name in core():
+        if name == "backends":
+            continue
+        path = PACKAGE / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = PACKAGE / name.replace(".", "/") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                for side in (node.left, *node.comparators):
+                    values = (
+                        side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+                    )
+                    for value in values:
+                        if isinstance(value, ast.Constant) and value.value in FRAMEWORK_NAMES:
+                            compared.append(f"{name}:{node.lineno}")
+    assert compared == []
 
 
 def test_every_workload_implements_the_interface():

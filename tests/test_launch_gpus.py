@@ -9,10 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcai500_tf import config, launch
-from hpcai500_tf.benchmark_layers import GPU_PLACEMENT, WORKER_GPUS
-from hpcai500_tf.engine import cluster
+from hpcai500_tf import config
+from hpcai500_tf.cluster import local_workers
+from hpcai500_tf.cluster import workers as cluster_workers
+from hpcai500_tf.cluster.devices import GPU_PLACEMENT, WORKER_GPUS
+from hpcai500_tf.engine import cluster as tf_cluster
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.run import launch
 
 EIGHT_GPUS = [str(index) for index in range(8)]
 SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"
@@ -24,7 +27,7 @@ SBATCH = Path(__file__).resolve().parents[1] / "tools" / "slurm_train.sbatch"
 def test_eight_gpus_among_four_workers_two_each_every_worker_seeing_all():
     """Every worker sees every GPU (NCCL's peer-to-peer path between local workers needs the
     peer's GPU visible on some versions) and gets its share as positions to compute on."""
-    environments = launch.worker_environments(4, EIGHT_GPUS, {"PATH": "/bin"}, cpus=16)
+    environments = local_workers.worker_environments(4, EIGHT_GPUS, {"PATH": "/bin"}, cpus=16)
     assert [env[WORKER_GPUS] for env in environments] == [f"{2 * i},{2 * i + 1}" for i in range(4)]
     for env in environments:
         assert "CUDA_VISIBLE_DEVICES" not in env  # left unset: every GPU of the node
@@ -37,9 +40,9 @@ def test_eight_gpus_among_four_workers_two_each_every_worker_seeing_all():
 
 def test_an_existing_cuda_visible_devices_list_is_kept_whole_and_its_positions_split():
     base = {"CUDA_VISIBLE_DEVICES": "3,5"}
-    gpus = cluster.visible_gpus(base, count=8)
+    gpus = cluster_workers.visible_gpus(base, count=8)
     assert gpus == ["3", "5"]
-    environments = launch.worker_environments(2, gpus, base, cpus=2)
+    environments = local_workers.worker_environments(2, gpus, base, cpus=2)
     assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["3,5", "3,5"]
     assert [env[WORKER_GPUS] for env in environments] == ["0", "1"]
     assert launch.gpu_shares(environments, gpus)[1] == (
@@ -50,8 +53,8 @@ def test_an_existing_cuda_visible_devices_list_is_kept_whole_and_its_positions_s
 def test_cuda_visible_devices_placement_gives_each_worker_only_its_share():
     base = {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
     base[GPU_PLACEMENT] = "cuda_visible_devices"
-    gpus = cluster.visible_gpus(base, count=4)
-    environments = launch.worker_environments(2, gpus, base, cpus=2)
+    gpus = cluster_workers.visible_gpus(base, count=4)
+    environments = local_workers.worker_environments(2, gpus, base, cpus=2)
     assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["GPU-a,GPU-b", "GPU-c,GPU-d"]
     assert not any(WORKER_GPUS in env for env in environments)
     assert launch.gpu_shares(environments, gpus) == (
@@ -63,31 +66,33 @@ def test_cuda_visible_devices_placement_gives_each_worker_only_its_share():
 def test_mig_instances_are_given_as_cuda_visible_devices():
     """MIG instances have no CUDA IPC: there is no peer-to-peer path to keep."""
     base = {"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}
-    environments = launch.worker_environments(2, cluster.visible_gpus(base, count=1), base, cpus=2)
+    environments = local_workers.worker_environments(
+        2, cluster_workers.visible_gpus(base, count=1), base, cpus=2
+    )
     assert [env["CUDA_VISIBLE_DEVICES"] for env in environments] == ["MIG-a", "MIG-b"]
     assert not any(WORKER_GPUS in env for env in environments)
 
 
 def test_an_unknown_gpu_placement_is_one_line_naming_both():
     with pytest.raises(UserError) as refused:
-        launch.worker_environments(2, EIGHT_GPUS, {GPU_PLACEMENT: "mps"})
+        local_workers.worker_environments(2, EIGHT_GPUS, {GPU_PLACEMENT: "mps"})
     assert str(refused.value).startswith("HPCAI500_GPU_PLACEMENT='mps': use set_visible_devices")
     assert "cuda_visible_devices" in str(refused.value)
 
 
 def test_a_share_already_in_the_environment_is_split_not_replaced():
     base = {WORKER_GPUS: "4,5,6,7"}
-    environments = launch.worker_environments(2, EIGHT_GPUS, base, cpus=2)
+    environments = local_workers.worker_environments(2, EIGHT_GPUS, base, cpus=2)
     assert [env[WORKER_GPUS] for env in environments] == ["4,5", "6,7"]
     with pytest.raises(UserError, match="does not divide the 4 GPUs of HPCAI500_WORKER_GPUS"):
-        launch.worker_environments(3, EIGHT_GPUS, base)
+        local_workers.worker_environments(3, EIGHT_GPUS, base)
     with pytest.raises(UserError, match=r"HPCAI500_WORKER_GPUS='7,8' names a GPU beyond the 8"):
-        launch.worker_environments(2, EIGHT_GPUS, {WORKER_GPUS: "7,8"})
+        local_workers.worker_environments(2, EIGHT_GPUS, {WORKER_GPUS: "7,8"})
 
 
 def test_without_gpus_only_threads_are_split_as_before():
     base = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    environments = launch.worker_environments(2, [], base, cpus=8)
+    environments = local_workers.worker_environments(2, [], base, cpus=8)
     for env in environments:
         assert env["CUDA_VISIBLE_DEVICES"] == ""  # left as it was
         assert env["TF_NUM_INTRAOP_THREADS"] == "4" and env["OMP_NUM_THREADS"] == "1"
@@ -95,14 +100,14 @@ def test_without_gpus_only_threads_are_split_as_before():
 
 def test_a_worker_count_that_does_not_divide_the_gpus_is_one_line_naming_the_fix():
     with pytest.raises(UserError) as refused:
-        launch.worker_environments(3, EIGHT_GPUS, {})
+        local_workers.worker_environments(3, EIGHT_GPUS, {})
     message = str(refused.value)
     assert message == (
         "--workers 3 does not divide this node's 8 GPUs: use --workers 2, 4 or 8, "
         "or leave it out for one worker"
     )
     with pytest.raises(UserError, match="the 1 GPU of CUDA_VISIBLE_DEVICES: leave out"):
-        launch.worker_environments(2, ["6"], {"CUDA_VISIBLE_DEVICES": "6"})
+        local_workers.worker_environments(2, ["6"], {"CUDA_VISIBLE_DEVICES": "6"})
 
 
 @pytest.mark.parametrize(
@@ -118,7 +123,7 @@ def test_a_worker_count_that_does_not_divide_the_gpus_is_one_line_naming_the_fix
 )
 def test_visible_gpus(listed, count, expected):
     environ = {} if listed is None else {"CUDA_VISIBLE_DEVICES": listed}
-    assert cluster.visible_gpus(environ, count=count) == expected
+    assert cluster_workers.visible_gpus(environ, count=count) == expected
 
 
 def test_the_gpu_count_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
@@ -129,18 +134,18 @@ def test_the_gpu_count_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
         "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H200'\n"
     )
     smi.chmod(0o755)
-    monkeypatch.setattr(cluster, "_nvml_gpu_count", lambda: None)
+    monkeypatch.setattr(cluster_workers, "_nvml_gpu_count", lambda: None)
     monkeypatch.setenv("PATH", str(fake_bin))
-    assert cluster.node_gpu_count() == 2
+    assert cluster_workers.node_gpu_count() == 2
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi either: a CPU node
-    assert cluster.node_gpu_count() == 0
+    assert cluster_workers.node_gpu_count() == 0
 
 
 def _launch_refused(monkeypatch, tmp_path, workers, gpus, overrides=()):
     """launch() on a faked node: the UserError it raised, having started nothing."""
     started = []
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.setattr(cluster, "visible_gpus", lambda: gpus)
+    monkeypatch.setattr(cluster_workers, "visible_gpus", lambda: gpus)
     monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(a))
     setup = config.prepare("image_classification", "tiny", list(overrides))
     with pytest.raises(UserError) as refused:
@@ -170,7 +175,7 @@ def test_launch_starts_each_worker_with_every_gpu_and_its_share_and_says_so(
 
     for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", WORKER_GPUS, GPU_PLACEMENT):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(cluster, "visible_gpus", lambda: EIGHT_GPUS[:4])
+    monkeypatch.setattr(cluster_workers, "visible_gpus", lambda: EIGHT_GPUS[:4])
     monkeypatch.setattr(launch.subprocess, "Popen", start)
     setup = config.prepare("image_classification", "tiny", [])
     assert launch.launch(setup, [], 2, tmp_path / "runs") == 0
@@ -272,7 +277,9 @@ def test_the_share_is_applied_before_the_strategy_is_built_and_recorded_in_l3(
 
     fake = fake_tf_config(8)
     monkeypatch.setenv(WORKER_GPUS, "4,5")
-    monkeypatch.setattr(cluster, "cluster_resolver", lambda: (None, cluster.SINGLE_WORKER))
+    monkeypatch.setattr(
+        tf_cluster, "cluster_resolver", lambda: (None, cluster_workers.SINGLE_WORKER)
+    )
     seen = []
 
     def build(**options):
@@ -296,12 +303,12 @@ def test_the_share_is_applied_before_the_strategy_is_built_and_recorded_in_l3(
     + [("nccl", EIGHT_GPUS, "nccl"), ("ring", [], "ring")],
 )
 def test_auto_is_nccl_between_gpu_workers_and_ring_between_cpu_workers(requested, gpus, expected):
-    assert cluster.resolve_collective(requested, gpus) == expected
+    assert cluster_workers.resolve_collective(requested, gpus) == expected
 
 
 def test_nccl_without_a_gpu_is_one_line_naming_the_fix():
     with pytest.raises(UserError) as refused:
-        cluster.resolve_collective("nccl", [])
+        cluster_workers.resolve_collective("nccl", [])
     assert str(refused.value) == (
         "communication.collective=nccl needs GPUs and none is visible here: use auto or ring on CPU"
     )
@@ -354,7 +361,7 @@ def _slurm_task_on_gpu_node(monkeypatch, node_gpus: int, environment: dict[str, 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setenv(WORKER_GPUS, "")  # so that monkeypatch restores it
     monkeypatch.delenv(WORKER_GPUS)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: node_gpus)
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: node_gpus)
     for key, value in {"SLURM_JOB_ID": "42", **environment}.items():
         monkeypatch.setenv(key, value)
 
@@ -380,7 +387,7 @@ def test_a_slurm_task_gets_its_share_of_the_gpus_slurm_granted(
         "SLURM_CPUS_PER_TASK": "16",
     }
     _slurm_task_on_gpu_node(monkeypatch, 8, environment)
-    resolver, found = cluster.cluster_resolver()
+    resolver, found = tf_cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 1
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert os.environ.get(WORKER_GPUS) == share
@@ -404,7 +411,7 @@ def test_a_slurm_task_bound_to_one_gpu_uses_it(monkeypatch, gpu_binding):
         **gpu_binding,
     }
     _slurm_task_on_gpu_node(monkeypatch, 8, environment)
-    resolver, found = cluster.cluster_resolver()
+    resolver, found = tf_cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 13
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5" and WORKER_GPUS not in os.environ
     assert resolver.num_accelerators() == {"GPU": 1}
@@ -425,7 +432,7 @@ def test_more_slurm_tasks_than_gpus_on_a_node_is_refused_naming_the_fix(monkeypa
     with pytest.raises(
         UserError, match=r"--ntasks-per-node=1\) or one per GPU \(--gpus-per-task=1"
     ):
-        cluster.cluster_resolver()
+        tf_cluster.cluster_resolver()
 
 
 # ------------------------------------------------------------- tools/slurm_train.sbatch

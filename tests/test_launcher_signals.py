@@ -1,5 +1,6 @@
 """The `--workers` launcher passes SIGTERM, SIGINT and SIGHUP to its workers at once and ends
-as one stopped run with the chief's exit code; it never sits on a signal (hpcai500_tf/launch.py)."""
+as one stopped run with the chief's exit code; it never sits on a signal
+(hpcai500_tf/run/launch.py)."""
 
 import json
 import os
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import launch, record
+from hpcai500_tf import record
+from hpcai500_tf.run import launch
 from hpcai500_tf.run import status as run
 from hpcai500_tf.run.directory import RunDirectory
 

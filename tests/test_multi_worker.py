@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, launch, record
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import build_parser, main
-from hpcai500_tf.engine import cluster
+from hpcai500_tf.cluster import local_workers
+from hpcai500_tf.cluster import workers as cluster_workers
+from hpcai500_tf.engine import cluster as tf_cluster
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.launch import worker_args
 from hpcai500_tf.results import scaling
+from hpcai500_tf.run import launch
+from hpcai500_tf.run.launch import worker_args
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
 RANDOM_TINY = ["--set", "data.source=random", "--set", "training.epochs=3"]
@@ -232,8 +235,8 @@ def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path, capsys):
 
 
 def test_a_worker_whose_peer_never_arrives_gives_up_in_time(tmp_path):
-    ports = launch.free_ports(2)
-    tf_config = launch.tf_configs(ports)[0]
+    ports = local_workers.free_ports(2)
+    tf_config = local_workers.tf_configs(ports)[0]
     start = time.monotonic()
     result = _hpcai500(
         [
@@ -259,7 +262,7 @@ def _start_workers(tmp_path, overrides, env=None, limit_s=240):
     """Two workers started as a scheduler would (TF_CONFIG each, no launcher), under a hard
     time limit, their output in tmp_path/worker-N.log."""
     processes = []
-    for index, tf_config in enumerate(launch.tf_configs(launch.free_ports(2))):
+    for index, tf_config in enumerate(local_workers.tf_configs(local_workers.free_ports(2))):
         log = open(tmp_path / f"worker-{index}.log", "w")
         command = [
             "timeout", "-k", "5", str(limit_s), *CLI, "train", "image_classification",
@@ -393,7 +396,7 @@ def test_thread_count_stays_flat_over_hundreds_of_steps(tmp_path):
 )
 def test_malformed_tf_config_is_one_line(tf_config, message):
     with pytest.raises(UserError, match=re.escape(message)):
-        cluster.parse_tf_config(tf_config)
+        cluster_workers.parse_tf_config(tf_config)
 
 
 def test_a_port_in_use_is_refused(tmp_path):
@@ -401,7 +404,7 @@ def test_a_port_in_use_is_refused(tmp_path):
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     port = holder.getsockname()[1]
-    other = launch.free_ports(1)[0]
+    other = local_workers.free_ports(1)[0]
     tf_config = json.dumps(
         {
             "cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{other}"]},
@@ -442,7 +445,7 @@ def test_data_that_cannot_be_sharded_is_refused(tmp_path, capsys):
 
 
 def test_workers_with_different_configs_are_refused(tmp_path):
-    configs = launch.tf_configs(launch.free_ports(2))
+    configs = local_workers.tf_configs(local_workers.free_ports(2))
     common = ["train", "image_classification", "--preset", "tiny", "--out", str(tmp_path)]
     processes = [
         subprocess.Popen(
@@ -497,9 +500,9 @@ def test_slurm_cluster_is_read_from_the_environment(monkeypatch):
         "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
     }.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 0)  # CPU nodes
-    assert cluster.cluster_in_environment() == "Slurm"
-    resolver, found = cluster.cluster_resolver()
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 0)  # CPU nodes
+    assert cluster_workers.cluster_in_environment() == "Slurm"
+    resolver, found = tf_cluster.cluster_resolver()
     assert found == "Slurm"
     port = 20000 + 42 * 16
     assert resolver.cluster_spec().as_dict() == {"worker": [f"node9:{port}", f"node10:{port}"]}

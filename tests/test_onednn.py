@@ -60,9 +60,9 @@ def test_the_record_takes_tensorflows_report_and_says_so():
 
 LAYER_SCRIPT = """
 import json
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf.engine.library_layers import library_layers
 from tensorflow.python.util import _pywrap_util_port
-l4, _ = benchmark_layers.library_layers()
+l4, _ = library_layers()
 print(json.dumps([l4["onednn"], l4["onednn_method"], _pywrap_util_port.IsMklEnabled()]))
 """
 

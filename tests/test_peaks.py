@@ -3,7 +3,7 @@ design for given /proc/cpuinfo texts and cpufreq trees, and which GPUs count (L1
 
 import pytest
 
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.roofline import peaks
 
 # ----------------------------------------------------------------------------- GPUs
@@ -120,7 +120,7 @@ def hardware(text, tmp_path, max_khz=None, logical=None):
     if max_khz:
         cpufreq.mkdir()
         (cpufreq / "cpuinfo_max_freq").write_text(f"{max_khz}\n")
-    facts = benchmark_layers.cpu_facts(text, cpufreq)
+    facts = machine.cpu_facts(text, cpufreq)
     return {**facts, "cpu_logical_cores": logical or text.count("processor\t:")}
 
 
@@ -229,16 +229,16 @@ def test_l1_marks_the_visible_gpus_and_counts_only_those(monkeypatch):
         }
         for i in range(4)
     ]
-    monkeypatch.setattr(benchmark_layers, "nvidia_gpus", lambda: (devices, "550.54", None))
+    monkeypatch.setattr(machine, "nvidia_gpus", lambda: (devices, "550.54", None))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-2a,0")
-    layer = benchmark_layers.hardware_layer()
+    layer = machine.hardware_layer()
     assert [g["visible"] for g in layer["accelerators"]] == [True, False, True, False]
     assert "uuid" not in layer["accelerators"][0]  # one machine's, not its kind's
     assert layer["summary"] == "2 x NVIDIA H100 80GB HBM3 (of 4)"
     assert layer["accelerator_note"] is None
     assert "1 of 2 GPUs" in peaks.theoretical_peak("fp32", layer)[1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    layer = benchmark_layers.hardware_layer()
+    layer = machine.hardware_layer()
     assert not any(g["visible"] for g in layer["accelerators"])
     assert layer["accelerator_note"] == "CUDA_VISIBLE_DEVICES='' leaves no GPU to this run"
     assert "GPU" not in peaks.theoretical_peak("fp32", layer)[1]  # the CPU's peak, or none

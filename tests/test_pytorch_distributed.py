@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import launch
-from hpcai500_tf.cluster import slurm
+from hpcai500_tf.cluster import local_workers, slurm
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.pytorch import distributed
 from hpcai500_tf.pytorch.distributed import Workers, workers_from_environment
@@ -45,7 +44,7 @@ def test_torchrun_the_launcher_and_a_hand_set_environment():
 
 def test_the_launchers_environments_name_every_worker_and_share_the_cores():
     base = {"PATH": "/bin", "TORCHELASTIC_USE_AGENT_STORE": "True", "HPCAI500_WORKER_GPUS": "0"}
-    environments = launch.torch_environments(3, 41000, base, cpus=8)
+    environments = local_workers.torch_environments(3, 41000, base, cpus=8)
     assert [workers_from_environment(env) for env in environments] == [
         Workers(3, rank, rank, "127.0.0.1", 41000, "launcher") for rank in range(3)
     ]
@@ -54,7 +53,7 @@ def test_the_launchers_environments_name_every_worker_and_share_the_cores():
         assert env["LOCAL_WORLD_SIZE"] == "3" and env["PATH"] == "/bin"
         # A torchrun agent's store is not there for these workers.
         assert not any(k.startswith("TORCHELASTIC_") for k in env)
-    kept = launch.torch_environments(2, 41000, {"OMP_NUM_THREADS": "3"}, cpus=8)
+    kept = local_workers.torch_environments(2, 41000, {"OMP_NUM_THREADS": "3"}, cpus=8)
     assert kept[1]["OMP_NUM_THREADS"] == "3"  # set by the user: kept
 
 
@@ -146,7 +145,7 @@ def test_peer_lost_knows_torchs_network_errors_and_gloos_messages():
 
 def run_workers(mode: str, ranks=(0, 1), world: int = 2, timeout: int = 90) -> list[dict]:
     """The probe as workers `ranks` of `world` on loopback; each one's JSON line, by rank."""
-    (port,) = launch.free_ports(1)
+    (port,) = local_workers.free_ports(1)
     base = {
         k: v
         for k, v in os.environ.items()

@@ -136,12 +136,15 @@ SHARED_WITHOUT_TENSORFLOW = (
     "hpcai500_tf.energy.sampler",
     "hpcai500_tf.energy.sources",
     "hpcai500_tf.mlperf.mllog",
-    "hpcai500_tf.engine.devices",  # bf16 against the GPU generation
+    "hpcai500_tf.cluster.devices",  # bf16 against the GPU generation
+    "hpcai500_tf.cluster.machine",  # L1, L2
+    "hpcai500_tf.benchmark_layers",  # L6-L9
+    "hpcai500_tf.backends",  # the registry the CLI asks
     "hpcai500_tf.config",
     "hpcai500_tf.run.lifecycle",
     "hpcai500_tf.report.tensorboard",
     "hpcai500_tf.run.directory",
-    "hpcai500_tf.engine.cluster",  # the CLI's strategy override, before any framework loads
+    "hpcai500_tf.cluster.workers",  # the CLI's strategy override, before any framework loads
 )
 
 

@@ -401,7 +401,7 @@ def test_real_slurm_gpu_variables_give_each_task_its_gpu(real_slurm, options, la
     """Two fake GPUs per node (gres.conf): the variables Slurm gives 2 tasks per node, read
     by the project's own code with the node's GPU count set to 2 (there is no NVML here)."""
     from hpcai500_tf.cluster import slurm
-    from hpcai500_tf.engine import cluster
+    from hpcai500_tf.cluster import workers as cluster_workers
 
     name = options[0].strip("-").split("=")[0]
     tasks = _task_environments(real_slurm, name, "-N2", "--ntasks-per-node=2", *options)
@@ -417,7 +417,9 @@ def test_real_slurm_gpu_variables_give_each_task_its_gpu(real_slurm, options, la
     assert [t["CUDA_VISIBLE_DEVICES"] for t in tasks] == expected
     assert all("SLURM_GPUS_PER_TASK" not in t for t in tasks)
     plans = [
-        slurm.SlurmCluster.from_environment(t, cluster.visible_gpus(t, FAKE_GPUS), FAKE_GPUS)
+        slurm.SlurmCluster.from_environment(
+            t, cluster_workers.visible_gpus(t, FAKE_GPUS), FAKE_GPUS
+        )
         for t in tasks
     ]
     port = plans[0].ports.ports[0]
@@ -477,9 +479,9 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
     """The shipped sbatch under the real sbatch, hpcai500-tf replaced by a probe: tasks per
     node, each task's SLURM_PROCID, node and GPUs, as the project's own code reads them
     (the node's GPU count given as 2: there is no NVML here)."""
-    from hpcai500_tf.benchmark_layers import WORKER_GPUS
     from hpcai500_tf.cluster import slurm
-    from hpcai500_tf.engine import cluster
+    from hpcai500_tf.cluster import workers as cluster_workers
+    from hpcai500_tf.cluster.devices import WORKER_GPUS
     from hpcai500_tf.pytorch.distributed import workers_from_environment
 
     variables, per_node, bound = LAYOUTS[name]
@@ -509,7 +511,7 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
         assert env.get("CUDA_VISIBLE_DEVICES") == (
             str(local) if bound else None if per_node > 1 else "0,1"
         )
-        visible = cluster.visible_gpus(env, FAKE_GPUS)
+        visible = cluster_workers.visible_gpus(env, FAKE_GPUS)
         # each node's 2 CPUs shared by its tasks; 1 per task is refused for a GPU task (the
         # input pipeline cannot feed it), so the GPUs are checked as with 8 each
         assert env["SLURM_CPUS_PER_TASK"] == str(2 // per_node)
@@ -526,7 +528,7 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
             assert plan.gpus == ("0", "1") and plan.gpu_layout.startswith("the only task")
         else:
             assert plan.gpus == (str(local),)
-            share = cluster.slurm_gpu_variables(env, plan, visible)
+            share = cluster_workers.slurm_gpu_variables(env, plan, visible)
             assert share == ({} if bound else {WORKER_GPUS: str(local)})
 
 

@@ -5,8 +5,9 @@ import json
 import pytest
 import tensorflow as tf
 
-from hpcai500_tf import benchmark_layers, config
+from hpcai500_tf import config
 from hpcai500_tf.cli import main
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.engine.run import build_engine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.roofline import peaks, sweep, timed_ops, workload
@@ -17,7 +18,7 @@ def test_chained_gemm_stays_below_the_machine_peak():
     """Unchained, identical matmuls are merged and report several times the peak."""
     rate, timing, layout = timed_ops.gemm(256, "fp32", min_seconds=0.02)
     assert layout in timed_ops.GEMM_LAYOUTS
-    peak, method = peaks.theoretical_peak("fp32", benchmark_layers.hardware_layer())
+    peak, method = peaks.theoretical_peak("fp32", machine.hardware_layer())
     assert timing.repetitions >= 1 and rate > 0
     # A maximum clock may sit below the turbo clock: allow 2x, not 5x. A peak from the current
     # clock is only an estimate (1.39x was measured against one on a Zen 4 VM): allow 4x.

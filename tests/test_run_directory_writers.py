@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config, launch
+from hpcai500_tf import config
 from hpcai500_tf.cli import build_parser
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import directory as run_directory
+from hpcai500_tf.run import launch
 from hpcai500_tf.run import state as run_state
 from hpcai500_tf.run.directory import INHERITED_LOCK, RunDirectory
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import launch, record
+from hpcai500_tf import record
+from hpcai500_tf.cluster import local_workers
 from hpcai500_tf.run import status as run
 
 EPOCHS = ["--set", "training.epochs=6"]
@@ -87,7 +88,7 @@ def test_sigterm_to_every_worker_stops_a_multi_worker_run(tmp_path):
     command += [arg for value in sets for arg in ("--set", value)]
     workers = []
     try:
-        for index, tf_config in enumerate(launch.tf_configs(launch.free_ports(2))):
+        for index, tf_config in enumerate(local_workers.tf_configs(local_workers.free_ports(2))):
             with (tmp_path / f"worker-{index}.log").open("w") as log:
                 environment = {**os.environ, "TF_CONFIG": tf_config}
                 workers.append(

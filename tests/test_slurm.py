@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from hpcai500_tf.benchmark_layers import WORKER_GPUS
 from hpcai500_tf.cluster import slurm
-from hpcai500_tf.engine import cluster
+from hpcai500_tf.cluster import workers as cluster_workers
+from hpcai500_tf.cluster.devices import WORKER_GPUS
+from hpcai500_tf.engine import cluster as tf_cluster
 from hpcai500_tf.errors import UserError
 
 # ------------------------------------------------------------------ host lists
@@ -328,9 +329,9 @@ def test_cpus_default_to_the_process_affinity():
 def test_the_slurm_module_and_the_cluster_plan_import_without_tensorflow():
     script = (
         "import sys; sys.modules['tensorflow'] = None\n"
-        "from hpcai500_tf import slurm\n"
-        "from hpcai500_tf.engine import cluster\n"
-        "cluster.cluster_plan({}, node_gpus=0)\n"
+        "from hpcai500_tf.cluster import slurm\n"
+        "from hpcai500_tf.cluster import workers as cluster_workers\n"
+        "cluster_workers.cluster_plan({}, node_gpus=0)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -394,12 +395,12 @@ def test_the_cluster_plan_of_tf_config_and_of_a_single_worker():
             "task": {"type": "worker", "index": 1},
         }
     )
-    plan = cluster.cluster_plan({"TF_CONFIG": tf_config, **NODE9_TASK0}, node_gpus=0)
+    plan = cluster_workers.cluster_plan({"TF_CONFIG": tf_config, **NODE9_TASK0}, node_gpus=0)
     assert plan["found"] == "TF_CONFIG"  # TF_CONFIG first, as cluster_resolver takes it
     assert plan["workers"] == ["a:1000", "b:1001", "c:1002"]
     assert (plan["index"], plan["host"], plan["collective"]) == (2, "c", "ring")
-    single = cluster.cluster_plan({}, node_gpus=2)
-    assert single["found"] == cluster.SINGLE_WORKER and single["workers"] == []
+    single = cluster_workers.cluster_plan({}, node_gpus=2)
+    assert single["found"] == cluster_workers.SINGLE_WORKER and single["workers"] == []
     assert single["gpus"] == ["0", "1"] and single["collective"] == "nccl"
     assert single["port_free"] is None
 
@@ -411,7 +412,7 @@ def test_the_resolver_lists_the_workers_in_slurms_order_with_this_tasks_gpus(mon
     pytest.importorskip("tensorflow")
     _forget_share_afterwards(monkeypatch)
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 8)
     environ = _env(procid=2, SLURMD_NODENAME="gpu10", SLURM_LOCALID="0")
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     holder.bind(("", 0))
@@ -420,7 +421,7 @@ def test_the_resolver_lists_the_workers_in_slurms_order_with_this_tasks_gpus(mon
     environ |= {"CUDA_VISIBLE_DEVICES": ",".join(EIGHT), "HPCAI500_SLURM_PORT_BASE": port}
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
-    resolver, found = cluster.cluster_resolver()
+    resolver, found = tf_cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_type == "worker" and resolver.task_id == 2
     assert resolver.cluster_spec().as_dict() == {
         "worker": [f"gpu{n}:{port}" for n in (8, 9, 10, 11)]
@@ -447,19 +448,19 @@ def test_the_resolver_gives_a_task_sharing_its_node_its_slice_as_positions(monke
     pytest.importorskip("tensorflow")
     _forget_share_afterwards(monkeypatch)
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 8)
     environ = _env("node1", "2", 2, 1, SLURMD_NODENAME="node1", SLURM_LOCALID="1")
     environ |= {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "SLURM_CPUS_PER_TASK": "16"}
     environ["HPCAI500_SLURM_PORT_BASE"] = str(slurm.PORT_FIRST)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(slurm, "port_free", lambda port: True)
-    resolver, found = cluster.cluster_resolver()
+    resolver, found = tf_cluster.cluster_resolver()
     assert found == "Slurm" and resolver.task_id == 1
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert os.environ[WORKER_GPUS] == "2,3"
     assert resolver.num_accelerators() == {"GPU": 2}
-    again, _ = cluster.cluster_resolver()  # the share it set is its own: not refused
+    again, _ = tf_cluster.cluster_resolver()  # the share it set is its own: not refused
     assert os.environ[WORKER_GPUS] == "2,3" and again.num_accelerators() == {"GPU": 2}
 
 
@@ -467,7 +468,7 @@ def _placed(environ, visible, node_gpus, local, tasks):
     environ = {**_env("node1", str(tasks), tasks, local, SLURM_LOCALID=str(local)), **environ}
     environ["SLURM_CPUS_PER_TASK"] = "32"
     task = _task(environ, visible, node_gpus)
-    return task, cluster.slurm_gpu_variables(environ, task, list(visible))
+    return task, cluster_workers.slurm_gpu_variables(environ, task, list(visible))
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import benchmark_layers
-from hpcai500_tf.cluster import slurm
-from hpcai500_tf.engine import cluster
+from hpcai500_tf.cluster import devices as cluster_devices
+from hpcai500_tf.cluster import machine, slurm
+from hpcai500_tf.cluster import workers as cluster_workers
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.pytorch import distributed
 
@@ -59,12 +59,12 @@ def test_a_hostile_slurm_environment_is_one_line_in_bounded_time_and_memory(
     monkeypatch, change, named
 ):
     """Counted arithmetically, before any list is built: well under 50 MB and 5 s."""
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 0)  # NVML's: none here
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 0)  # NVML's: none here
     tracemalloc.start()
     started = time.monotonic()
     try:
         with pytest.raises(UserError) as refused:
-            cluster.slurm_cluster({**STEP, **change})
+            cluster_workers.slurm_cluster({**STEP, **change})
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -77,7 +77,7 @@ def test_slurm_ntasks_that_is_no_count_is_one_line_not_a_single_worker(tasks):
     """Issue 42: SLURM_NTASKS of -1, 0, abc used to mean 'not under srun'."""
     environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": tasks}
     with pytest.raises(UserError) as refused:
-        cluster.under_slurm(environ)
+        cluster_workers.under_slurm(environ)
     assert _one_line(refused).startswith("SLURM_NTASKS=")
     with pytest.raises(UserError, match="^SLURM_NTASKS="):
         distributed.workers_from_environment(environ)
@@ -108,7 +108,7 @@ def test_slurm_ntasks_that_is_no_count_is_one_line_not_a_single_worker(tasks):
 )
 def test_tf_config_numbers_are_read_strictly(text, named):
     with pytest.raises(UserError) as refused:
-        cluster.parse_tf_config(text)
+        cluster_workers.parse_tf_config(text)
     assert named in _one_line(refused)
 
 
@@ -120,15 +120,22 @@ BATCH = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7",
 
 def test_a_batch_script_of_a_two_task_job_is_refused_at_once_naming_srun():
     """Issue 36 item 5: no SLURM_STEP_NUM_TASKS, so no srun started the other task."""
-    for read in (cluster.under_slurm, distributed.workers_from_environment, cluster.cluster_plan):
+    for read in (
+        cluster_workers.under_slurm,
+        distributed.workers_from_environment,
+        cluster_workers.cluster_plan,
+    ):
         with pytest.raises(UserError) as refused:
             read(BATCH)
         message = _one_line(refused)
         assert message.startswith("SLURM_NTASKS=2 but SLURM_STEP_NUM_TASKS is not set")
         assert "srun hpcai500-tf train" in message and "srun -n1" in message
     one = {**BATCH, "SLURM_NTASKS": "1"}
-    assert not cluster.under_slurm(one) and not distributed.workers_from_environment(one).several
-    assert not cluster.under_slurm({**BATCH, "SLURM_STEP_NUM_TASKS": "1"})  # srun -n1
+    assert (
+        not cluster_workers.under_slurm(one)
+        and not distributed.workers_from_environment(one).several
+    )
+    assert not cluster_workers.under_slurm({**BATCH, "SLURM_STEP_NUM_TASKS": "1"})  # srun -n1
 
 
 # ------------------------------------------------------------------ GPUs and binding
@@ -157,18 +164,18 @@ def test_a_task_slurm_bound_to_one_gpu_computes_on_it_whatever_nvml_counts(monke
     """Issue 36 item 2: NVML inside the restricted task answers 1 GPU (or 8, of which it may
     open 1); the node's count is Slurm's, so the binding is found, never refused."""
     for nvml_count in (1, 8):
-        monkeypatch.setattr(cluster, "node_gpu_count", lambda n=nvml_count: n)
-        task = cluster.slurm_cluster(_per_gpu_task(3, **tres))
+        monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda n=nvml_count: n)
+        task = cluster_workers.slurm_cluster(_per_gpu_task(3, **tres))
         assert task.gpus == ("0",) and task.gpu_layout.startswith("bound to this task by Slurm")
         assert (task.host, task.local_index) == ("gpu2", 3)
 
 
 def test_gpu_bind_none_means_the_project_slices_the_nodes_gpus(monkeypatch):
     """--gpus-per-node=8 --ntasks-per-node=8 --gpu-bind=none: every task sees all 8."""
-    monkeypatch.setattr(cluster, "node_gpu_count", lambda: 8)
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 8)
     environ = _per_gpu_task(5, CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
     environ["SLURM_TRES_BIND"] = "gres/gpu:none"
-    task = cluster.slurm_cluster(environ)
+    task = cluster_workers.slurm_cluster(environ)
     assert task.gpus == ("5",) and task.gpu_layout.startswith("slice 5 of the 8 GPUs")
 
 
@@ -208,19 +215,19 @@ def test_gpus_nvml_will_not_open_are_skipped_and_named_never_a_traceback(
     nvml = _fake_pynvml(count, readable)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the task's own GPU, as CUDA numbers it
-    monkeypatch.delenv(benchmark_layers.WORKER_GPUS, raising=False)
-    benchmark_layers.nvidia_gpus.cache_clear()
-    monkeypatch.setattr(benchmark_layers, "amd_gpus", lambda: ([], "none"))
+    monkeypatch.delenv(cluster_devices.WORKER_GPUS, raising=False)
+    machine.nvidia_gpus.cache_clear()
+    monkeypatch.setattr(machine, "amd_gpus", lambda: ([], "none"))
     try:
-        layer = benchmark_layers.hardware_layer()
+        layer = machine.hardware_layer()
     finally:
-        benchmark_layers.nvidia_gpus.cache_clear()
+        machine.nvidia_gpus.cache_clear()
     (own,) = readable
     assert [(g["index"], g["visible"]) for g in layer["accelerators"]] == [(own, True)]
     assert layer["summary"] == "1 x NVIDIA H200"
     sources, note = nvml_sources(nvml)
     assert [(s.name, s.uuid) for s in sources] == [(f"gpu{own}", f"GPU-{own}aaa")]
-    assert cluster._nvml_gpu_count() == 1
+    assert cluster_workers._nvml_gpu_count() == 1
     if count == 8:
         assert layer["accelerator_note"].startswith("gpu0, gpu1, gpu2, gpu4, gpu5, gpu6, gpu7 ")
         assert "Insufficient Permissions" in layer["accelerator_note"]
@@ -262,12 +269,12 @@ def test_nodes_with_different_task_counts_sharing_gpus_are_refused_naming_the_no
     }  # fmt: skip
     for changed in ({}, {"SLURM_PROCID": "3", "SLURM_LOCALID": "0", "SLURM_GPUS_PER_NODE": "4"}):
         with pytest.raises(UserError) as refused:
-            cluster.slurm_cluster({**environ, **changed})
+            cluster_workers.slurm_cluster({**environ, **changed})
         message = _one_line(refused)
         assert "different numbers of tasks (node2: 1, node1: 3" in message
         assert "--gpus-per-node" in message
     bound = {**environ, "SLURM_TRES_PER_TASK": "gres/gpu=1", "CUDA_VISIBLE_DEVICES": "1"}
-    assert cluster.slurm_cluster(bound).gpus == ("1",)  # one GPU each, as Slurm bound them
+    assert cluster_workers.slurm_cluster(bound).gpus == ("1",)  # one GPU each, as Slurm bound them
 
 
 def test_gpus_spread_unevenly_over_the_nodes_are_refused_naming_this_node():
@@ -277,9 +284,9 @@ def test_gpus_spread_unevenly_over_the_nodes_are_refused_naming_this_node():
         "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "8", "SLURM_CPUS_PER_TASK": "64",
     }  # fmt: skip
     with pytest.raises(UserError) as refused:
-        cluster.slurm_cluster(environ)
+        cluster_workers.slurm_cluster(environ)
     assert _one_line(refused).startswith("node1 has 8 of the job's SLURM_GPUS=12 GPUs over 2")
-    even = cluster.slurm_cluster({**environ, "SLURM_GPUS_ON_NODE": "6"})
+    even = cluster_workers.slurm_cluster({**environ, "SLURM_GPUS_ON_NODE": "6"})
     assert len(even.gpus) == 6
 
 

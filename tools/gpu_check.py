@@ -54,15 +54,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import (
+from hpcai500_tf.cluster.devices import (
     GPU_PLACEMENT,
     PLACEMENTS,
     WORKER_GPUS,
     cuda_visible_entries,
     gpu_selection,
 )
+from hpcai500_tf.cluster.local_workers import free_ports, tf_configs, worker_environments
 from hpcai500_tf.errors import ArgumentParser
-from hpcai500_tf.launch import free_ports, tf_configs, worker_environments
 from hpcai500_tf.tensorflow_import import keep_tensorflow_quiet
 
 CLI = [sys.executable, "-m", "hpcai500_tf.cli"]
@@ -258,7 +258,7 @@ def all_reduce_environments(
     placement: str, gpus: list[str], ports: list[int], base_env: dict
 ) -> list[dict[str, str]]:
     """Each all-reduce worker's environment, as `train --workers N` builds it
-    (launch.worker_environments): TF_CONFIG on loopback and its share of the cores; on GPUs
+    (local_workers.worker_environments): TF_CONFIG on loopback and its share of the cores; on GPUs
     (`gpus`, CUDA_VISIBLE_DEVICES entries, one per port) one GPU each, kept to it by
     `placement` (HPCAI500_GPU_PLACEMENT: set_visible_devices, its position in
     HPCAI500_WORKER_GPUS with CUDA_VISIBLE_DEVICES left as it was; or cuda_visible_devices,

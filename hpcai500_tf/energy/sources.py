@@ -12,14 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import (
-    WORKER_GPUS,
-    amd_gpus,
-    computing_gpus,
-    gpu_selection,
-    nvml_text,
-    unreadable_gpus_note,
-)
+from hpcai500_tf.cluster.devices import WORKER_GPUS, computing_gpus, gpu_selection
+from hpcai500_tf.cluster.machine import amd_gpus, nvml_text, unreadable_gpus_note
 
 # Where Linux exposes RAPL; HPCAI500_POWERCAP_ROOT points elsewhere (a container that mounts
 # the host's sysfs under another path).

@@ -1,4 +1,5 @@
-"""The devices a run computes on, checked against the GPUs this machine has.
+"""The devices a TensorFlow run computes on, checked against the GPUs this machine has
+(cluster/devices.py counts those, for every framework).
 
 When CUDA's libraries fail to load, TensorFlow quietly computes on the CPU (its warning is one
 of the messages TF_CPP_MIN_LOG_LEVEL=2 hides): the precision policy turns to bfloat16 and L1
@@ -20,7 +21,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
+from hpcai500_tf.cluster.devices import bfloat16_check
 from hpcai500_tf.errors import UserError
 
 CHECK_COMMAND = (
@@ -53,18 +55,6 @@ def gpu_check(visible: int, tensorflow_gpus: int, allow_cpu: bool) -> str | None
         "(TF_CPP_MIN_LOG_LEVEL=0 shows why not), the cuda extra (tensorflow[and-cuda]) "
         "installs CUDA's libraries, `nvidia-smi` shows the driver; or pass --allow-cpu"
     )
-
-
-def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
-    """The GPUs this process may use: NVML's, narrowed by CUDA_VISIBLE_DEVICES as CUDA reads
-    it and to this worker's share (HPCAI500_WORKER_GPUS, `--workers N`). MIG instances are not
-    resolved to GPUs: where they are named, at least one."""
-    environ = os.environ if environ is None else environ
-    gpus, _, _ = benchmark_layers.nvidia_gpus()
-    if not gpus:
-        return 0
-    indices, _ = benchmark_layers.computing_gpus(environ, [gpu["uuid"] for gpu in gpus])
-    return 1 if indices is None else len(indices)
 
 
 def device_kind(device: str) -> str:
@@ -152,23 +142,6 @@ def compile_notice(
     )
 
 
-BFLOAT16_CAPABILITY = (8, 0)  # bfloat16 tensor cores from Ampere (A100) on
-
-
-def bfloat16_check(policy: str, capabilities: list[tuple[int, int]]) -> None:
-    """A one-line UserError where bfloat16 was asked for on a GPU without bfloat16 arithmetic
-    (before compute capability 8.0: V100, T4): it would run emulated or not at all."""
-    older = sorted({c for c in capabilities if tuple(c) < BFLOAT16_CAPABILITY})
-    if policy != "mixed_bfloat16" or not older:
-        return
-    names = ", ".join(f"{major}.{minor}" for major, minor in older)
-    raise UserError(
-        f"training.precision=bf16 on GPU compute capability {names}: these GPUs have no "
-        "bfloat16 arithmetic (it needs 8.0, A100, or newer); use training.precision=fp16 "
-        "(float16 with loss scaling, as the reference ran on V100) or mixed"
-    )
-
-
 def check_devices(strategy, allow_cpu: bool, view=None, policy: str = "float32") -> list[str]:
     """Refuse a run whose TensorFlow sees fewer GPUs than this process may use (unless
     `allow_cpu`), or that asks for bfloat16 (`policy`, Keras's name) on GPUs without it;
@@ -180,7 +153,7 @@ def check_devices(strategy, allow_cpu: bool, view=None, policy: str = "float32")
     used = devices_used(strategy, len(gpus))
     # A strategy computing on no GPU is the same fallback as TensorFlow seeing none.
     computing = len(gpus) if any(device_kind(device) == "GPU" for device in used) else 0
-    warning = gpu_check(visible_gpu_count(), computing, allow_cpu)
+    warning = gpu_check(machine.visible_gpu_count(), computing, allow_cpu)
     capabilities = []
     for gpu in gpus:
         capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from hpcai500_tf import benchmark_layers
 from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
+from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.engine.loop import Engine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
@@ -117,7 +117,7 @@ class TensorFlowTrainer(Engine, Trainer):
 
     def library_layers(self) -> tuple[dict, dict]:
         """L4 and L5 as TensorFlow reports them, with the devices the run computed on."""
-        l4, l5 = benchmark_layers.library_layers()
+        l4, l5 = library_layers()
         gpus = len(tf.config.list_physical_devices("GPU"))
         return l4, {**l5, "devices_used": devices.devices_used(self.strategy, gpus)}
 

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from hpcai500_tf.benchmark_layers import WORKER_GPUS, worker_gpu_positions
+from hpcai500_tf.cluster import workers as cluster_workers
+from hpcai500_tf.cluster.devices import WORKER_GPUS, worker_gpu_positions
 from hpcai500_tf.config import CommunicationConfig
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
@@ -45,7 +46,7 @@ def make_strategy(
         resolver, found = cluster.cluster_resolver()
         assignment = restrict_to_worker_gpus()
         gpus = tf.config.get_visible_devices("GPU")
-        collective = cluster.resolve_collective(communication.collective, gpus)
+        collective = cluster_workers.resolve_collective(communication.collective, gpus)
         # No timeout on the collectives themselves: TensorFlow then starts a timer thread per
         # collective op that lives for the whole timeout (tens of thousands of threads at a few
         # steps a second on 8 GPUs). A lost peer is found by the coordination service's
@@ -54,7 +55,7 @@ def make_strategy(
             implementation=_IMPLEMENTATIONS[collective]
         )
         if resolver is not None:
-            cluster.check_hosts_resolve(resolver.cluster_spec().as_dict(), found)
+            cluster_workers.check_hosts_resolve(resolver.cluster_spec().as_dict(), found)
             watch_peers(resolver.cluster_spec(), communication.timeout_s)
         seconds = communication.join_timeout_s
         where = "" if resolver is None else f" ({found}: {resolver.cluster_spec().as_dict()})"
@@ -62,7 +63,7 @@ def make_strategy(
             f"not every worker joined the cluster within {seconds:g} s{where}; "
             "check that all were started (communication.join_timeout_s)"
         )
-        with cluster.JoinWatchdog(seconds if resolver is not None else 0, message):
+        with cluster_workers.JoinWatchdog(seconds if resolver is not None else 0, message):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 cluster_resolver=resolver, communication_options=options
             )

@@ -8,7 +8,9 @@ or PyPI's default Linux x86-64 build, which is a CUDA build with its CUDA librar
 
 from __future__ import annotations
 
+import platform
 import re
+import sys
 
 from hpcai500_tf.errors import UserError
 
@@ -54,11 +56,34 @@ def torch_build(torch) -> str:
     return f"torch {torch.__version__} ({kind}{triton}; computing on {where})"
 
 
+def library_layers(torch) -> tuple[dict, dict]:
+    """L4 (accelerator libraries) and L5 (framework) of this torch, as its build reports them."""
+    import numpy
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    l4 = {
+        "cuda_build": torch.version.cuda is not None,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": None if cudnn is None else str(cudnn),
+        "rocm_build": torch.version.hip is not None,
+        "onednn": torch.backends.mkldnn.is_available(),
+    }
+    l5 = {
+        "framework": "pytorch",
+        "framework_version": torch.__version__,
+        "framework_build": torch_build(torch),
+        "numpy_version": numpy.__version__,
+        "python_version": platform.python_version(),
+        "python_implementation": sys.implementation.name,
+    }
+    return l4, l5
+
+
 def nvidia_gpus_present() -> bool:
     """Whether this machine has NVIDIA GPUs (NVML), whatever torch can see."""
-    from hpcai500_tf import benchmark_layers
+    from hpcai500_tf.cluster import machine
 
-    return bool(benchmark_layers.nvidia_gpus()[0])
+    return bool(machine.nvidia_gpus()[0])
 
 
 def choose_device(torch, asked: str):
@@ -89,7 +114,7 @@ def check_mixed_precision(torch, device, policy: str) -> None:
     convolutions in its type, and bfloat16 needs a GPU that computes in it (8.0, A100, on)."""
     dtype = torch.float16 if policy == "mixed_float16" else torch.bfloat16
     if device.type == "cuda":
-        from hpcai500_tf.engine.devices import bfloat16_check  # the TensorFlow side's check
+        from hpcai500_tf.cluster.devices import bfloat16_check  # both frameworks' check
 
         bfloat16_check(policy, [tuple(torch.cuda.get_device_capability(device))])
     try:

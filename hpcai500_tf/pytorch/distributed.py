@@ -1,9 +1,9 @@
 """Several PyTorch workers through torch.distributed and DistributedDataParallel.
 
 Who the workers are comes from the environment of whatever started them:
-- `torchrun` (and the project's own launcher, `--workers N`, hpcai500_tf/launch.py
+- `torchrun` (and the project's own launcher, `--workers N`, cluster/local_workers.py
   `torch_environments`): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
-- Slurm's `srun`: the step read as the TensorFlow side reads it (engine/cluster.py
+- Slurm's `srun`: the step read as the TensorFlow side reads it (cluster/workers.py
   `slurm_cluster`: SLURM_PROCID, SLURM_STEP_NUM_TASKS, never the job's SLURM_NTASKS,
   SLURM_LOCALID, the node list and tasks per node, each task's GPUs from Slurm's), rank 0 on
   the first host of the step's node list (Slurm's default block distribution), and a port
@@ -109,17 +109,17 @@ def _from_torch_variables(env: Mapping[str, str]) -> Workers:
 
 def _from_slurm(env: Mapping[str, str]) -> Workers:
     """A Slurm task's place among the step's workers, read as the TensorFlow side reads it
-    (engine/cluster.py `slurm_cluster`: the step's own task count, node list and tasks per node,
+    (cluster/workers.py `slurm_cluster`: the step's own task count, node list and tasks per node,
     bounded and checked, this task's GPUs from Slurm's), before anything waits."""
     fix = "run the tasks with srun, which sets it"
     world = slurm.step_tasks(env)  # SLURM_STEP_NUM_TASKS; a batch script's job is refused
-    if world == 1:  # one task (as engine/cluster.py `under_slurm` counts it): nothing to join
+    if world == 1:  # one task (as cluster/workers.py `under_slurm` counts it): nothing to join
         return SINGLE
     if not env.get("SLURM_LOCALID"):
         raise UserError(f"SLURM_LOCALID is not set: {fix}")
-    from hpcai500_tf.engine import cluster  # no TensorFlow there
+    from hpcai500_tf.cluster import workers as cluster_workers  # no framework there
 
-    task = cluster.slurm_cluster(env)
+    task = cluster_workers.slurm_cluster(env)
     if len(task.gpus) > 1:  # the devices this worker takes: one (init_process_group)
         raise UserError(
             f"this Slurm task has {len(task.gpus)} GPUs ({task.gpu_layout}) but a PyTorch "

@@ -32,20 +32,18 @@ from __future__ import annotations
 import copy
 import math
 import os
-import platform
 import sys
 from pathlib import Path
 
+from hpcai500_tf.cluster.workers import JoinWatchdog
 from hpcai500_tf.config import Setup, precision_policy_on
-from hpcai500_tf.engine.cluster import JoinWatchdog
 from hpcai500_tf.errors import UserError, first_line
-from hpcai500_tf.pytorch import distributed
+from hpcai500_tf.pytorch import build, distributed
 from hpcai500_tf.pytorch.build import (
     check_mixed_precision,
     choose_device,
     import_torch,
     nvidia_gpus_present,
-    torch_build,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
@@ -489,26 +487,7 @@ class TorchTrainer(Trainer):
 
     def library_layers(self) -> tuple[dict, dict]:
         """L4 and L5 as this torch reports them."""
-        import numpy
-
-        torch = self.torch
-        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        l4 = {
-            "cuda_build": torch.version.cuda is not None,
-            "cuda_version": torch.version.cuda,
-            "cudnn_version": None if cudnn is None else str(cudnn),
-            "rocm_build": torch.version.hip is not None,
-            "onednn": torch.backends.mkldnn.is_available(),
-        }
-        l5 = {
-            "framework": "pytorch",
-            "framework_version": torch.__version__,
-            "framework_build": torch_build(torch),
-            "numpy_version": numpy.__version__,
-            "python_version": platform.python_version(),
-            "python_implementation": sys.implementation.name,
-        }
-        return l4, l5
+        return build.library_layers(self.torch)
 
     def intra_op_threads(self) -> int:
         return self.torch.get_num_threads()

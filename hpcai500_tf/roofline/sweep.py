@@ -9,8 +9,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from hpcai500_tf import __version__, benchmark_layers
+from hpcai500_tf import __version__, backends
 from hpcai500_tf import record as record_io
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import check_output_directory
 from hpcai500_tf.roofline import chart, peaks, timed_ops, workload
@@ -91,7 +92,7 @@ def weather_conv_shapes(plan: SweepPlan) -> list[timed_ops.ConvShape]:
 
 def _fits(bytes_needed: float) -> bool:
     """Refuse sizes that would not fit: a quarter of physical memory at most."""
-    total = benchmark_layers.hardware_layer().get("memory_bytes") or 0
+    total = machine.hardware_layer().get("memory_bytes") or 0
     return not total or bytes_needed < total / 4
 
 
@@ -103,7 +104,7 @@ def device_kind() -> str:
 def device_memory() -> tuple[int | None, str]:
     """(bytes or None, which) of the GPU the sweep runs on: the first the run uses, from NVML
     (TensorFlow reports only the memory in use, not the total)."""
-    hardware = benchmark_layers.hardware_layer()
+    hardware = machine.hardware_layer()
     used = [g for g in hardware.get("accelerators") or [] if g.get("visible", True)]
     if not used:
         return None, hardware.get("accelerator_note") or "no GPU listed by NVML"
@@ -144,7 +145,7 @@ def check_device_memory(plan_name: str, plan: SweepPlan, conv_shapes, say=print)
 def measure_ceilings(plan: SweepPlan, conv_shapes: list[timed_ops.ConvShape], say=print) -> dict:
     """Memory bandwidth (STREAM kernels), then per dtype the GEMM and convolution rates,
     each dtype within its time bound; what was skipped is named with the reason."""
-    hardware = benchmark_layers.hardware_layer()
+    hardware = machine.hardware_layer()
     results, skipped = {}, {}
     bandwidth = _measure_bandwidth(plan, skipped, say)
     best_bandwidth = max((b["bytes_per_s"] for b in bandwidth.values()), default=None)
@@ -321,7 +322,7 @@ def new_record(
         "kind": RECORD_KIND,
         "plan": plan_name,
         "tool": {"name": "hpcai500-tf", "version": __version__},
-        "layers": benchmark_layers.system_layers(),
+        "layers": backends.get("tensorflow").system_layers(),
         "workload": workload_result,
         **setup_info,
         **measured,
@@ -364,8 +365,6 @@ def run_sweep(
 ) -> tuple[dict, list[Path]]:
     """Measure the ceilings, place the workload (and a finished run), write roofline.json and
     the chart into the empty directory `out`; returns the result and the chart's files."""
-    from hpcai500_tf.engine.run import build_engine
-
     check_output_directory("--out", out)
     try:
         taken = out.exists() and any(out.iterdir())
@@ -373,7 +372,7 @@ def run_sweep(
         raise UserError(f"--out {out}: cannot read it ({error.strerror or error})") from None
     if taken:
         raise UserError(f"{out}: exists and is not an empty directory; refusing to overwrite it")
-    engine = build_engine(setup, None)
+    engine = backends.get("tensorflow").load().build_engine(setup, None)
     conv_shapes = resnet50_conv_shapes(plan) + weather_conv_shapes(plan)
     check_device_memory(plan_name, plan, conv_shapes, say)
     measured = measure_ceilings(plan, conv_shapes, say)

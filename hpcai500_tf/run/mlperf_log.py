@@ -3,7 +3,7 @@ framework."""
 
 from __future__ import annotations
 
-from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.config import Setup, peak_learning_rate
 from hpcai500_tf.mlperf.mllog import MLLogger, mlperf_benchmark_name
 
@@ -14,7 +14,7 @@ def log_setup(mllog: MLLogger, setup: Setup, global_batch: int, workload) -> Non
     mllog.event("submission_benchmark", mlperf_benchmark_name(setup.benchmark.name))
     mllog.event("submission_division", "open")
     mllog.event("submission_org", "hpcai500-tf")
-    mllog.event("submission_platform", benchmark_layers.hardware_layer()["summary"])
+    mllog.event("submission_platform", machine.hardware_layer()["summary"])
     mllog.event("submission_status", "research")
     mllog.event("cache_clear", True)
     mllog.event("seed", t.seed)

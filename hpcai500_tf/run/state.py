@@ -20,6 +20,7 @@ import re
 import stat
 from pathlib import Path
 
+from hpcai500_tf import backends
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import read_regular_file
@@ -39,7 +40,6 @@ from hpcai500_tf.run.directory import (
 from hpcai500_tf.validation import compile_shape, invalid
 
 MAX_STATE_BYTES = 64 << 20  # a few hundred bytes an epoch: far more than any real run's
-FRAMEWORKS = ("tensorflow", "pytorch")  # whose checkpoint files a state names
 PREFIX = re.compile(r"ckpt(?:-(\d+))?")  # ckpt-N, N epochs; ckpt (before they were numbered)
 
 # What a resume reads, appends to or replaces, and the kind each must be where it exists.
@@ -121,7 +121,7 @@ def read_state(run_dir: Path) -> dict:
     state = record_io.parse_json(text, path, "resume state")
     if isinstance(state, dict):
         state.setdefault("checkpoints", [])  # a state written before the list was kept
-        state.setdefault("framework", "tensorflow")  # written before PyTorch runs resumed
+        state.setdefault("framework", backends.DEFAULT)  # written before PyTorch runs resumed
     try:
         _CHECK_STATE(state, "", path)
         _check_counts(state, path)
@@ -136,8 +136,8 @@ def _reason(error: UserError, path: Path) -> str:
 
 def _check_counts(state: dict, path: Path) -> None:
     """What the shape cannot say: counts that must agree, time that only goes forward."""
-    if state["framework"] not in FRAMEWORKS:
-        raise invalid(path, "framework", " or ".join(FRAMEWORKS), state["framework"])
+    if state["framework"] not in backends.NAMES:
+        raise invalid(path, "framework", " or ".join(backends.NAMES), state["framework"])
     done, epochs = state["epochs_done"], state["epochs"]
     if done < 0:
         raise invalid(path, "epochs_done", ">= 0", done)
@@ -217,16 +217,23 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
             f"({name}) holds {int(match.group(1))}: resume refused"
         )
     prefix = RunDirectory(run_dir).checkpoints / name
-    if state["framework"] == "pytorch":  # one file: ckpt-N.pt
-        _regular(prefix.with_name(name + ".pt"), "checkpoint file")
-        return prefix
-    index = prefix.with_name(name + ".index")
-    _regular(index, "checkpoint index")
-    shards = sorted(prefix.parent.glob(f"{name}.data-*-of-*"))
+    for suffix, what in backends.get(state["framework"]).checkpoint_files:
+        if "-*-of-*" in suffix:
+            _check_shards(prefix, f"{name}.{suffix.removesuffix('-*-of-*')}", what)
+        else:
+            _regular(prefix.with_name(f"{name}.{suffix}"), what)
+    return prefix
+
+
+def _check_shards(prefix: Path, stem: str, what: str) -> None:
+    """Every shard STEM-I-of-N of a sharded file set (TensorFlow's data files) there, of one
+    set, each a regular file: `what` names one shard ("checkpoint data file")."""
+    shards = sorted(prefix.parent.glob(f"{stem}-*-of-*"))
     if not shards:
-        raise UserError(f"{prefix}: the checkpoint has no data files ({name}.data-*)")
+        kind = what.removeprefix("checkpoint ").removesuffix(" file")
+        raise UserError(f"{prefix}: the checkpoint has no {kind} files ({stem}-*)")
     counts = {shard.name.rsplit("-of-", 1)[1] for shard in shards}
-    expected = {f"{name}.data-{i:05d}-of-{count}" for count in counts for i in range(int(count))}
+    expected = {f"{stem}-{i:05d}-of-{count}" for count in counts for i in range(int(count))}
     missing = sorted(expected - {shard.name for shard in shards})
     if len(counts) != 1 or missing:
         raise UserError(
@@ -234,8 +241,7 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
             f"({'missing ' + missing[0] if missing else 'shards of different sets'})"
         )
     for shard in shards:
-        _regular(shard, "checkpoint data file")
-    return prefix
+        _regular(shard, what)
 
 
 def _regular(path: Path, what: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hpcai500_tf import benchmark_layers
+from hpcai500_tf.cluster import machine
 from hpcai500_tf.config import Setup
 from hpcai500_tf.errors import UserError, first_line
 
@@ -237,8 +238,8 @@ class Trainer(ABC):
         configured (L6-L9, in terms every framework shares)."""
         l4, l5 = self.library_layers()
         return {
-            "L1": benchmark_layers.hardware_layer(self.workers),
-            "L2": benchmark_layers.os_layer(),
+            "L1": machine.hardware_layer(self.workers),
+            "L2": machine.os_layer(),
             "L3": self.communication_layer(),
             "L4": l4,
             "L5": l5,

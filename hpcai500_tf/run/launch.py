@@ -23,35 +23,31 @@ stopped run, its record written by the chief, `--resume` continuing it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
-from hpcai500_tf.benchmark_layers import WORKER_GPUS, gpu_placement, worker_gpu_positions
+from hpcai500_tf import backends
+from hpcai500_tf.cluster.devices import WORKER_GPUS
+from hpcai500_tf.cluster.local_workers import MAX_WORKERS
 from hpcai500_tf.config import Setup
-from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
 from hpcai500_tf.run import directory as run_directory
 from hpcai500_tf.run.directory import INHERITED_LOCK, RunDirectory
 
-MAX_WORKERS = 128
 TERM_GRACE_S = 5.0
-THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
 DEFAULT_FAILURE_GRACE_S = 30.0
 STOP_GRACE_S = 30.0  # for the workers to write the stopped record after a forwarded signal
 # The signals the launcher passes on, as what each worker gets.
 FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
              signal.SIGHUP: signal.SIGTERM}  # fmt: skip
-# How a worker is kept to its GPUs: inside TensorFlow (the default), or by CUDA.
 
 
 def worker_args(args) -> list[str]:
@@ -81,104 +77,6 @@ def worker_args(args) -> list[str]:
     if getattr(args, "device", "auto") != "auto":
         forwarded += ["--device", args.device]
     return forwarded
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on loopback now (held open together, then released)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.bind(("127.0.0.1", 0))
-            sockets.append(probe)
-        return [probe.getsockname()[1] for probe in sockets]
-    finally:
-        for probe in sockets:
-            probe.close()
-
-
-def tf_configs(ports: list[int]) -> list[str]:
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    return [
-        json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        for index in range(len(ports))
-    ]
-
-
-def _gpu_split_error(workers: int, count: int, base_env: Mapping[str, str]) -> str:
-    """The one line refusing a worker count that does not divide the `count` GPUs, with the
-    counts that do."""
-    plural = "s" if count > 1 else ""
-    if WORKER_GPUS in base_env:
-        where = f"the {count} GPU{plural} of {WORKER_GPUS}"
-    elif "CUDA_VISIBLE_DEVICES" in base_env:
-        where = f"the {count} GPU{plural} of CUDA_VISIBLE_DEVICES"
-    else:
-        where = f"this node's {count} GPU{plural}"
-    fits = [str(n) for n in range(2, min(count, MAX_WORKERS) + 1) if count % n == 0]
-    refusal = f"--workers {workers} does not divide {where}"
-    if not fits:
-        return f"{refusal}: leave out --workers to run one worker"
-    choices = fits[0] if len(fits) == 1 else f"{', '.join(fits[:-1])} or {fits[-1]}"
-    return f"{refusal}: use --workers {choices}, or leave it out for one worker"
-
-
-def worker_environments(
-    workers: int, gpus: list[str], base_env: Mapping[str, str], cpus: int | None = None
-) -> list[dict[str, str]]:
-    """Each local worker's environment: `base_env`, its share of the `cpus` cores as thread
-    counts (variables already set are kept), and on a GPU node its contiguous share of `gpus`
-    (the CUDA_VISIBLE_DEVICES entries CUDA makes visible here, or those of a share already in
-    WORKER_GPUS), so the workers do not all take every GPU: as positions in WORKER_GPUS, the
-    list CUDA sees left whole, or with GPU_PLACEMENT=cuda_visible_devices (the default for
-    MIG instances) as its own CUDA_VISIBLE_DEVICES. A worker count that does not divide the
-    GPUs is refused: the workers would get unequal shares, and the strategy needs the same
-    replicas on every worker."""
-    placement = gpu_placement(base_env, gpus)
-    positions = list(range(len(gpus)))
-    if gpus and base_env.get(WORKER_GPUS) is not None:  # a share already: it is split
-        positions, problem = worker_gpu_positions(base_env[WORKER_GPUS], len(gpus))
-        if positions is None:
-            raise UserError(problem)
-    if positions and len(positions) % workers:
-        raise UserError(_gpu_split_error(workers, len(positions), base_env))
-    usable = cpus or len(os.sched_getaffinity(0))  # the cores this process may run on
-    threads = str(max(1, usable // workers))
-    shares = {name: base_env.get(name, threads) for name in THREAD_VARIABLES}
-    per_worker = len(positions) // workers
-    environments = []
-    for index in range(workers):
-        env = {**base_env, **shares}
-        env.pop(WORKER_GPUS, None)
-        own = positions[index * per_worker : (index + 1) * per_worker]
-        if own and placement == "cuda_visible_devices":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[position] for position in own)
-        elif own:
-            env[WORKER_GPUS] = ",".join(map(str, own))
-        environments.append(env)
-    return environments
-
-
-def torch_environments(
-    workers: int, port: int, base_env: Mapping[str, str], cpus: int | None = None
-) -> list[dict[str, str]]:
-    """Each local PyTorch worker's environment (`--framework pytorch --workers N`): what
-    torch.distributed reads (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, rank 0 waiting on
-    127.0.0.1:`port`), HPCAI500_LAUNCHER=1 (pytorch/distributed.py names the launcher as the
-    source), and its share of the `cpus` cores as thread counts, as `worker_environments`
-    gives TensorFlow workers (torch obeys OMP_NUM_THREADS). GPUs are not split here: each
-    worker sees those CUDA makes visible and takes GPU LOCAL_RANK itself. A torchrun agent's
-    variables are left out, which would make rank 0 a client of a store that is not there."""
-    environments = []
-    for rank, env in enumerate(worker_environments(workers, [], base_env, cpus)):
-        env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
-        env.update(
-            RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            HPCAI500_LAUNCHER="1",
-        )  # fmt: skip
-        environments.append(env)
-    return environments
 
 
 def gpu_shares(environments: list[dict[str, str]], gpus: list[str]) -> tuple[int, str]:
@@ -274,7 +172,7 @@ def launch(
     out_dir: str | Path,
     resume: str | None = None,
     on_start: Callable[[list[subprocess.Popen]], None] | None = None,
-    framework: str = "tensorflow",
+    framework: str = backends.DEFAULT,
 ) -> int:
     """Run `hpcai500-tf train` as `workers` processes; returns the exit code of the run. Each
     TensorFlow worker gets a TF_CONFIG; each PyTorch worker torch.distributed's variables,
@@ -283,24 +181,8 @@ def launch(
         raise UserError(f"--workers must be in [2, {MAX_WORKERS}] to launch several, got {workers}")
     if "TF_CONFIG" in os.environ:
         raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
-    if framework == "pytorch":
-        seen = cluster.visible_gpus()
-        if seen and workers > len(seen):  # each PyTorch worker takes GPU LOCAL_RANK itself
-            raise UserError(
-                f"--workers {workers}: this machine shows {len(seen)} GPU(s) and each PyTorch "
-                f"worker computes on one of its own: start at most {len(seen)}"
-            )
-        ports = free_ports(1)
-        environments = torch_environments(workers, ports[0], os.environ)
-        gpus = []
-    else:
-        # Refused here, before a run directory or a worker exists, when GPUs cannot be split.
-        gpus = cluster.visible_gpus()
-        environments = worker_environments(workers, gpus, os.environ)
-        cluster.resolve_collective(setup.communication.collective, gpus)
-        ports = free_ports(workers)
-        for env, tf_config in zip(environments, tf_configs(ports), strict=True):
-            env["TF_CONFIG"] = tf_config
+    backend = backends.get(framework)
+    environments, ports, gpus = backend.worker_environments(setup, workers, os.environ)
     run_dir = RunDirectory(resume) if resume else None
     if run_dir and not run_dir.path.is_dir():
         raise UserError(f"{run_dir}: not a run directory")
@@ -313,8 +195,7 @@ def launch(
     command = [sys.executable, "-m", "hpcai500_tf.cli", "train", *worker_args]
     command += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     processes = []
-    threads = "OMP_NUM_THREADS" if framework == "pytorch" else "TF_NUM_INTRAOP_THREADS"
-    each = f"{environments[0][threads]} intra-op threads each"
+    each = f"{environments[0][backend.threads_variable]} intra-op threads each"
     if gpus:
         per_worker, shares = gpu_shares(environments, gpus)
         each = f"{per_worker} GPU(s) and {each}; {shares}"
