@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import cli, config
+from hpcai500_tf import config
 from hpcai500_tf.cli import main
+from hpcai500_tf.cli import train as train_command
 from hpcai500_tf.energy.sampler import PowerSampler
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.errors import UserError
@@ -33,7 +34,7 @@ def no_tensorflow(monkeypatch):
     def started():
         raise AssertionError("TensorFlow was started before the input was refused")
 
-    monkeypatch.setattr(cli, "import_tensorflow", started)
+    monkeypatch.setattr(train_command, "import_tensorflow", started)
 
 
 @pytest.mark.parametrize(
