@@ -77,3 +77,10 @@ def test_train_help_loads_the_train_command_alone():
     assert result.returncode == 0, result.stderr
     ours = ["", ".cli", ".cli.train", ".errors", ".report", ".report.text", ".tensorflow_import"]
     assert result.stdout.strip() == str([f"hpcai500_tf{name}" for name in ours])
+
+
+def test_trains_framework_choices_are_the_registrys():
+    from hpcai500_tf import backends
+    from hpcai500_tf.cli import train
+
+    assert train.FRAMEWORKS == backends.NAMES

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import config
+from hpcai500_tf import backends, config
 from hpcai500_tf.cli import main
-from hpcai500_tf.cli import train as train_command
 from hpcai500_tf.energy.sampler import PowerSampler
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.errors import UserError
@@ -29,12 +28,12 @@ def _one_line_error(capsys) -> str:
 
 @pytest.fixture
 def no_tensorflow(monkeypatch):
-    """`train` fails the test if it gets as far as starting TensorFlow."""
+    """`train` fails the test if it gets as far as loading a framework."""
 
-    def started():
-        raise AssertionError("TensorFlow was started before the input was refused")
+    def started(backend):
+        raise AssertionError(f"{backend.name} was started before the input was refused")
 
-    monkeypatch.setattr(train_command, "import_tensorflow", started)
+    monkeypatch.setattr(backends.Backend, "load", started)
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,9 @@ MAX_POWER_SECONDS = 86_400
 
 
 def _sysinfo(args: argparse.Namespace) -> int:
-    import_tensorflow()
-    from hpcai500_tf import benchmark_layers
+    from hpcai500_tf import backends
 
-    observed = benchmark_layers.system_layers()
+    observed = backends.get("tensorflow").system_layers()
     if args.json:
         print(json.dumps(observed, indent=2))
         return 0
@@ -34,9 +33,9 @@ def _sysinfo(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from hpcai500_tf.engine import cluster
+    from hpcai500_tf.cluster import workers
 
-    plan = cluster.cluster_plan()
+    plan = workers.cluster_plan()
     if args.json:
         print(json.dumps(plan, indent=2))
         return 0
@@ -83,10 +82,9 @@ def _flops(args: argparse.Namespace) -> int:
     setup = config.without_data(
         config.run_setup(args.benchmark, args.preset, args.set, args.config)
     )
-    import_tensorflow()
-    from hpcai500_tf.engine import run
+    from hpcai500_tf import backends
 
-    report = run.flops_report(setup, args.allow_cpu)
+    report = backends.get("tensorflow").load().flops_report(setup, args.allow_cpu)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

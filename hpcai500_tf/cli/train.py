@@ -1,16 +1,19 @@
 """`train`: one benchmark run to its epoch budget, scored. The setup is checked and resolved
-here, before any framework loads; the backend trains it (`lifecycle.run`); this prints the
-outcome. `flops` shares its run arguments (add_run_arguments, add_allow_cpu)."""
+here, before any framework loads; the backend from the registry (backends.py) trains it
+(`lifecycle.run`); this prints the outcome. `flops` shares the run's arguments
+(add_run_arguments, add_allow_cpu)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from hpcai500_tf.errors import UserError, one_line
-from hpcai500_tf.tensorflow_import import import_tensorflow
+
+# backends.NAMES, written out: the registry is loaded by a run, not by `train --help`
+# (tests/test_cli.py holds the two equal)
+FRAMEWORKS = ("tensorflow", "pytorch")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -23,24 +26,23 @@ def _train(args: argparse.Namespace) -> int:
     check_rate("--power-hz", args.power_hz, may_be_off=True)
     if not args.resume:
         check_output_directory("--out", args.out)
-    framework = _framework(args)
-    if args.device != "auto" and framework != "pytorch":
-        raise UserError("--device is for --framework pytorch (TensorFlow uses what it sees)")
-    setup = _setup(args, framework)
+    backend = _backend(args)
+    backend.check_arguments(device=args.device)
+    setup = _setup(args, backend)
     if args.workers is not None:
-        from hpcai500_tf import launch
+        from hpcai500_tf.run import launch
 
         worker_args = launch.worker_args(args)
         return launch.launch(
-            setup, worker_args, args.workers, args.out, args.resume, framework=framework
+            setup, worker_args, args.workers, args.out, args.resume, framework=backend.name
         )
     options = _options(args)
-    backend = _backend(framework)
+    backend.load()  # a missing or unusable framework is one line, before the title
     from hpcai500_tf.report.console import console, escape
     from hpcai500_tf.report.live import LiveView
 
     title = f"[bold]{escape(setup.benchmark.title)}[/bold], preset '{escape(setup.preset)}'"
-    console.print(title + (" (PyTorch)" if framework == "pytorch" else ""))
+    console.print(title + backend.title)
     view = LiveView()
     try:
         record, path = backend.run(setup, options, view)
@@ -56,11 +58,13 @@ def _train(args: argparse.Namespace) -> int:
     return code
 
 
-def _framework(args: argparse.Namespace) -> str:
-    """The framework a run trains with: --framework, or a resumed run's own (from its state);
-    one line where they disagree."""
+def _backend(args: argparse.Namespace):
+    """The backend a run trains with (backends.py): --framework's, or a resumed run's own
+    (from its state); one line where they disagree."""
+    from hpcai500_tf import backends
+
     if not args.resume:
-        return args.framework or "tensorflow"
+        return backends.get(args.framework or backends.DEFAULT)
     from hpcai500_tf.run import run_state
     from hpcai500_tf.run.run_directory import CONFIG_FILE
 
@@ -68,22 +72,21 @@ def _framework(args: argparse.Namespace) -> str:
     if not (run_dir / CONFIG_FILE).is_file():
         raise UserError(f"{args.resume}: not a run directory (no {CONFIG_FILE})")
     run_state.check_run_files(run_dir)
-    trained = run_state.read_state(run_dir)["framework"]
-    if args.framework and args.framework != trained:
+    trained = backends.get(run_state.read_state(run_dir)["framework"])
+    if args.framework and backends.get(args.framework) is not trained:
         raise UserError(
-            f"{args.resume}: it was trained with {trained}; resume it with --framework "
-            f"{trained} (or --resume alone)"
+            f"{args.resume}: it was trained with {trained.name}; resume it with --framework "
+            f"{trained.name} (or --resume alone)"
         )
     return trained
 
 
-def _setup(args: argparse.Namespace, framework: str):
+def _setup(args: argparse.Namespace, backend):
     """The run's config resolved and checked (a resumed run's: from its directory, which is
     checked resumable), before any framework loads."""
     from hpcai500_tf import config
-    from hpcai500_tf.engine.cluster import strategy_overrides
 
-    overrides = [*args.set, *strategy_overrides(args.workers is not None, framework)]
+    overrides = [*args.set, *backend.strategy_overrides(args.workers is not None)]
     if not args.resume:
         return config.run_setup(args.benchmark, args.preset, overrides, args.config)
     setup = config.resume_setup(args.resume, args.benchmark, args.preset, overrides, args.config)
@@ -108,24 +111,6 @@ def _options(args: argparse.Namespace):
         allow_cpu=args.allow_cpu,
         device=args.device,
     )
-
-
-def _backend(framework: str):
-    """The framework's module, whose `run(setup, options, view)` trains; for PyTorch, in a
-    process that then refuses TensorFlow (pytorch/feeder.py says why)."""
-    if framework == "tensorflow":
-        import_tensorflow()
-        from hpcai500_tf.engine import run
-
-        return run
-    sys.modules["tensorflow"] = None  # an import of it fails here, loudly, not in triton later
-    # c10d's C++ warnings (a rendezvous retrying, say: dozens of lines) kept off stderr; its
-    # errors reach the run's one line. Read when torch loads; a setting of the user's is kept.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from hpcai500_tf.pytorch import build, train
-
-    build.import_torch()  # a missing or unusable torch is one line naming the extra
-    return train
 
 
 def _print_outcome(record: dict | None, path) -> int:
@@ -235,7 +220,7 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
     add_allow_cpu(train)
     train.add_argument(
         "--framework",
-        choices=("tensorflow", "pytorch"),
+        choices=FRAMEWORKS,
         help="tensorflow (default; a resumed run: its own), or pytorch: the same preset in "
         "plain PyTorch, for comparing L5 (needs the torch extra)",
     )
