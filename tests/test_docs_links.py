@@ -73,3 +73,56 @@ def test_readme_is_short_and_keeps_the_two_commands():
     assert len(text) < README_LIMIT, f"README.md: {len(text)} characters, not under {README_LIMIT}"
     for command in ("bash .ci/run", "hpcai500-tf train image_classification"):
         assert command in text, f"README.md lost the command {command!r}"
+
+
+# docs/development.md's map of the tree: every path it names is there.
+
+DEVELOPMENT = ROOT / "docs" / "development.md"
+PACKAGE = ROOT / "hpcai500_tf"
+DESCRIPTION_COLUMN = 27  # where the Layout block's descriptions start
+ENTRY = re.compile(r"( *)(\S.*?)(?: {2,}(.*))?$")
+PY_FILE = re.compile(r"(?<![\w/.])((?:\w+/)*\w+\.py)\b")
+BACKTICKED_PY = re.compile(r"`((?:\w+/)*\w+\.py)`")
+COUNTS = {"five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def layout_paths() -> list[Path]:
+    """Each file and folder the Layout block names: its entries (a name, or names separated by
+    commas, below the folder the indentation says) and each x.py their descriptions name (in
+    the entry's folder; a/x.py below the package)."""
+    block = DEVELOPMENT.read_text(encoding="utf-8").split("## Layout", 1)[1].split("```")[1]
+    folders, paths, entry_dir = {0: ROOT}, [], ROOT
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        indent, names, description = ENTRY.match(line).groups()
+        if len(indent) >= DESCRIPTION_COLUMN:  # a description's next line
+            description, names = line.strip(), None
+        for name in names.split(", ") if names else []:
+            path = folders[len(indent)] / name
+            paths.append(path)
+            entry_dir = path if name.endswith("/") else folders[len(indent)]
+            if name.endswith("/"):
+                folders[len(indent) + 2] = path
+        for name in PY_FILE.findall(description or ""):
+            paths.append(PACKAGE / name if "/" in name else entry_dir / name)
+    return paths
+
+
+def test_the_layout_names_only_files_and_folders_that_exist():
+    paths = layout_paths()
+    assert PACKAGE / "cli" / "train.py" in paths and PACKAGE / "run" / "lifecycle.py" in paths
+    missing = [str(path.relative_to(ROOT)) for path in paths if not path.exists()]
+    assert not missing, f"docs/development.md's Layout names what is not there: {missing}"
+
+
+def test_one_run_names_the_files_it_counts_and_they_exist():
+    text = DEVELOPMENT.read_text(encoding="utf-8")
+    section = text.split("### One run, file by file", 1)[1].split("\n### ", 1)[0]
+    stated = COUNTS[re.search(r"goes through (\w+) files", section).group(1)]
+    steps = re.findall(r"^\d+\. (.*(?:\n {3}.*)*)", section, re.MULTILINE)
+    files = [BACKTICKED_PY.findall(step) for step in steps]
+    assert all(len(named) == 1 for named in files), files  # one file a step, named once
+    assert len({named[0] for named in files}) == len(steps) == stated <= 8
+    missing = [name for name in BACKTICKED_PY.findall(section) if not (PACKAGE / name).exists()]
+    assert not missing, f"docs/development.md's run map names what is not there: {missing}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import cli, config
+from hpcai500_tf import backends, config
 from hpcai500_tf.cli import main
 from hpcai500_tf.energy.sampler import PowerSampler
 from hpcai500_tf.energy.sources import Source
@@ -28,12 +28,12 @@ def _one_line_error(capsys) -> str:
 
 @pytest.fixture
 def no_tensorflow(monkeypatch):
-    """`train` fails the test if it gets as far as starting TensorFlow."""
+    """`train` fails the test if it gets as far as loading a framework."""
 
-    def started():
-        raise AssertionError("TensorFlow was started before the input was refused")
+    def started(backend):
+        raise AssertionError(f"{backend.name} was started before the input was refused")
 
-    monkeypatch.setattr(cli, "import_tensorflow", started)
+    monkeypatch.setattr(backends.Backend, "load", started)
 
 
 @pytest.mark.parametrize(

@@ -199,51 +199,11 @@ class Feeder:
 def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)) -> None:
     """The child: build the workload, then answer the runner's requests in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
-    try:
-        from hpcai500_tf.tensorflow_import import import_tensorflow
-
-        import_tensorflow()  # its native start-up lines kept off the runner's console
-        import tensorflow as tf
-
-        tf.config.set_visible_devices([], "GPU")  # the accelerators are PyTorch's
-        import keras
-
-        keras.utils.set_random_seed(config["training"]["seed"])  # as the TensorFlow engine does
-        from hpcai500_tf.workloads import build_workload
-
-        workload = build_workload(benchmark, config, data_dir)
-        d = workload.data
-        pipe.send(
-            (
-                None,
-                "ok",
-                {
-                    "name": workload.name,
-                    "quality_metric": workload.quality_metric,
-                    "objective": workload.objective,
-                    "measures_quality": workload.measures_quality,
-                    "train_examples": workload.train_examples,
-                    "eval_examples": workload.eval_examples,
-                    "image_size": d.image_size,
-                    "num_classes": d.num_classes,
-                    "model": {
-                        k: getattr(workload.model_config, k)
-                        for k in workload.model_config.__dataclass_fields__
-                    },
-                    "layer": workload.workload_layer(),
-                    "dataset": workload.dataset_name(),
-                    "problem": workload.problem_layer(),
-                    "data_warnings": tuple(workload.data_warnings(shard[0])),
-                },
-            )
-        )
-    except UserError as error:
-        pipe.send((None, "user_error", str(error)))
+    started = _start(pipe, benchmark, config, data_dir, shard)
+    if started is None:
         return
-    except Exception:  # noqa: BLE001 - reported to the runner, which names it
-        pipe.send((None, "error", "the data process could not start:\n" + traceback.format_exc()))
-        return
-    image_bytes = batch * d.image_size * d.image_size * 3 * 4
+    tf, workload = started
+    image_bytes = batch * workload.data.image_size * workload.data.image_size * 3 * 4
     slot_bytes = image_bytes + batch * 8
     streams, splits = {}, {}
     while True:
@@ -263,41 +223,12 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
         try:
             if kind == "open":
                 _, _, training, seed, name = message
-                dataset = workload.dataset(training, seed, shard)
-                if training:
-                    dataset = dataset.repeat()
-                options = tf.data.Options()
-                options.deterministic = deterministic
-                dataset = dataset.with_options(options)
-                dataset = dataset.batch(batch, drop_remainder=training)
-                # The workload's uint8 pixels become the model's normalised float32 input here,
-                # in this process (the TensorFlow engine does it on its device, in the step).
-                dataset = dataset.map(
-                    lambda images, labels: (workload.model_inputs(images), labels),
-                    num_parallel_calls=tf.data.AUTOTUNE,
-                )
-                iterator = dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+                iterator = _iterator(tf, workload, training, seed, shard, batch, deterministic)
                 streams[stream] = (iterator, shared_memory.SharedMemory(name=name))
                 splits[stream] = "train" if training else "validation"
                 pipe.send((stream, "ok", None))
             elif kind == "next":
-                slot = message[2]
-                iterator, memory = streams[stream]
-                try:
-                    images, labels = next(iterator)
-                except StopIteration:
-                    pipe.send((stream, "ok", None))
-                    continue
-                count = len(labels)
-                offset = slot * slot_bytes
-                np.copyto(
-                    np.ndarray(images.shape, np.float32, memory.buf, offset), images, "unsafe"
-                )
-                np.copyto(
-                    np.ndarray((count,), np.int64, memory.buf, offset + image_bytes),
-                    labels,
-                    "unsafe",
-                )
+                count = _fill(*streams[stream], message[2] * slot_bytes, image_bytes)
                 pipe.send((stream, "ok", count))
         except UserError as error:
             pipe.send((stream, "user_error", str(error)))
@@ -310,6 +241,85 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
                 pipe.send((stream, "error", _read_failure(error, data_dir, splits[stream])))
         except Exception:  # noqa: BLE001 - reported to the runner, which names it
             pipe.send((stream, "error", "the data process failed:\n" + traceback.format_exc()))
+
+
+def _start(pipe, benchmark, config, data_dir, shard):
+    """TensorFlow (off the GPUs, seeded as the TensorFlow engine seeds) and the workload, its
+    facts sent as the start-up reply; (tf, workload), or None once the failure is sent."""
+    try:
+        from hpcai500_tf.tensorflow_import import import_tensorflow
+
+        import_tensorflow()  # its native start-up lines kept off the runner's console
+        import tensorflow as tf
+
+        tf.config.set_visible_devices([], "GPU")  # the accelerators are PyTorch's
+        import keras
+
+        keras.utils.set_random_seed(config["training"]["seed"])  # as the TensorFlow engine does
+        from hpcai500_tf.workloads import build_workload
+
+        workload = build_workload(benchmark, config, data_dir)
+        pipe.send((None, "ok", _facts(workload, shard)))
+    except UserError as error:
+        pipe.send((None, "user_error", str(error)))
+        return None
+    except Exception:  # noqa: BLE001 - reported to the runner, which names it
+        pipe.send((None, "error", "the data process could not start:\n" + traceback.format_exc()))
+        return None
+    return tf, workload
+
+
+def _facts(workload, shard) -> dict:
+    """The WorkloadFacts fields of `workload`, as plain values that cross the pipe."""
+    return {
+        "name": workload.name,
+        "quality_metric": workload.quality_metric,
+        "objective": workload.objective,
+        "measures_quality": workload.measures_quality,
+        "train_examples": workload.train_examples,
+        "eval_examples": workload.eval_examples,
+        "image_size": workload.data.image_size,
+        "num_classes": workload.data.num_classes,
+        "model": {
+            k: getattr(workload.model_config, k) for k in workload.model_config.__dataclass_fields__
+        },
+        "layer": workload.workload_layer(),
+        "dataset": workload.dataset_name(),
+        "problem": workload.problem_layer(),
+        "data_warnings": tuple(workload.data_warnings(shard[0])),
+    }
+
+
+def _iterator(tf, workload, training, seed, shard, batch, deterministic):
+    """A stream's batches as numpy arrays: the workload's dataset, this worker's shard of it,
+    batched and normalised; training repeats forever."""
+    dataset = workload.dataset(training, seed, shard)
+    if training:
+        dataset = dataset.repeat()
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    dataset = dataset.with_options(options)
+    dataset = dataset.batch(batch, drop_remainder=training)
+    # The workload's uint8 pixels become the model's normalised float32 input here,
+    # in this process (the TensorFlow engine does it on its device, in the step).
+    dataset = dataset.map(
+        lambda images, labels: (workload.model_inputs(images), labels),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+
+
+def _fill(iterator, memory, offset: int, image_bytes: int) -> int | None:
+    """The stream's next batch copied into its slot at `offset`: its example count, or None
+    where an evaluation stream has ended."""
+    try:
+        images, labels = next(iterator)
+    except StopIteration:
+        return None
+    count = len(labels)
+    np.copyto(np.ndarray(images.shape, np.float32, memory.buf, offset), images, "unsafe")
+    np.copyto(np.ndarray((count,), np.int64, memory.buf, offset + image_bytes), labels, "unsafe")
+    return count
 
 
 # TensorFlow's decorations of an op's message: the function and node it ran in, the op's name.
