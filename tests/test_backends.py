@@ -10,7 +10,7 @@ import pytest
 from hpcai500_tf import backends
 from hpcai500_tf.cli import build_parser
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import run_state
+from hpcai500_tf.run import state as run_state
 
 
 def test_the_names_are_the_cli_choices_and_an_unknown_one_is_one_line():
