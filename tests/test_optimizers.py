@@ -254,3 +254,51 @@ def test_all_finite_is_one_check_over_every_tensor():
         assert not bool(all_finite([*tensors, tf.constant([0.0, bad])]))
     mixed = [tf.ones([2], tf.float16), tf.constant([1.0, np.nan], tf.bfloat16)]
     assert not bool(all_finite(mixed)) and bool(all_finite(mixed[:1]))
+
+
+TWO_REPLICA_MOMENTUM = """
+from hpcai500_tf.engine.optimizers import TF1Momentum
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    kernel, bias = tf.Variable([[1.0, -2.0], [0.5, 3.0]]), tf.Variable([0.25, -0.75])
+    optimizer = TF1Momentum(0.1, momentum=0.875)
+    optimizer.build([kernel, bias])
+optimizer.take_coupled_decay(0.01, [kernel])
+grads = [[np.full((2, 2), 0.5, np.float32), np.full(2, 0.25, np.float32)],
+         [np.full((2, 2), -0.1, np.float32), np.full(2, 0.75, np.float32)]]
+
+
+@tf.function
+def step():
+    def replica():
+        i = tf.distribute.get_replica_context().replica_id_in_sync_group
+        chosen = [tf.where(i == 0, g0, g1) for g0, g1 in zip(*grads)]
+        optimizer.apply(chosen, [kernel, bias])
+    strategy.run(replica)
+
+
+step()
+step()
+print(json.dumps({
+    "kernel": [c.numpy().tolist() for c in kernel.values],
+    "bias": [c.numpy().tolist() for c in bias.values],
+}))
+"""
+
+
+def test_tf1_momentum_updates_every_replicas_copy_by_the_all_reduced_gradient():
+    """Under MirroredStrategy the fused kernels update each replica's own copy of the variable
+    and of its accumulator, with the sum of the replicas' gradients and the decay once."""
+    from tests.test_replicas import TWO_CPUS, run_two_cpus
+
+    facts = run_two_cpus(TWO_CPUS + TWO_REPLICA_MOMENTUM)
+    w, b = np.array([[1.0, -2.0], [0.5, 3.0]]), np.array([0.25, -0.75])
+    accum_w, accum_b = np.zeros_like(w), np.zeros_like(b)
+    for _ in range(2):
+        accum_w = 0.875 * accum_w + np.full((2, 2), 0.4) + 0.01 * w
+        accum_b = 0.875 * accum_b + np.full(2, 1.0)
+        w, b = w - 0.1 * accum_w, b - 0.1 * accum_b
+    for copy in facts["kernel"]:
+        np.testing.assert_allclose(copy, w, rtol=1e-6)
+    for copy in facts["bias"]:
+        np.testing.assert_allclose(copy, b, rtol=1e-6)
