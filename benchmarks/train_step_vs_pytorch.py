@@ -8,9 +8,13 @@ TF/PyTorch ratio of those medians and the median of the per-round ratios (each r
 runs are neighbours in time), and the kernel (system) time each side spends per step: page
 faults from an allocator that hands large buffers back to the OS show up there.
 `--keep-freed-memory` runs both sides with glibc told to keep freed memory (no mmap, no trim),
-which removes those faults for an allocator that relies on malloc.
+which removes those faults for an allocator that relies on malloc. `--baseline DIR` times the
+TensorFlow step of another checkout of this project (e.g. the commit before a change) in the
+same rounds, and reports this checkout's step against it: a before/after ratio measured side
+by side. Each side imports the project from its own checkout.
 
     python benchmarks/train_step_vs_pytorch.py [--batch 32] [--image-size 224] [--steps 5]
+        [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BASELINE = "baseline"  # the TensorFlow step of the checkout at --baseline
 
 
 def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmup: int):
@@ -98,11 +103,14 @@ def torch_step_times(precision: str, batch: int, image_size: int, steps: int, wa
 
 
 def run_one(framework: str, precision: str, args) -> dict:
+    """One (framework, precision) timed in its own process; "baseline" is the TensorFlow step
+    of the checkout at `--baseline`, run from there."""
+    root = Path(args.baseline).resolve() if framework == BASELINE else ROOT
     command = [
         sys.executable,
-        __file__,
+        str(root / "benchmarks" / Path(__file__).name),
         "--one",
-        framework,
+        "tensorflow" if framework == BASELINE else framework,
         precision,
         "--batch",
         str(args.batch),
@@ -113,13 +121,66 @@ def run_one(framework: str, precision: str, args) -> dict:
         "--warmup",
         str(args.warmup),
     ]
-    env = dict(os.environ)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
     if args.keep_freed_memory:
         env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**40))
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{framework} {precision} failed:\n{result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def round_ratios(runs: dict, precision: str, faster: str, slower: str) -> list[float]:
+    """Per round, the median step time of `slower` over that of `faster`: neighbours in time."""
+    return [
+        statistics.median(slow["times"]) / statistics.median(fast["times"])
+        for fast, slow in zip(runs[(faster, precision)], runs[(slower, precision)], strict=True)
+    ]
+
+
+def report_precision(runs: dict, precision: str, frameworks: tuple, batch: int) -> dict:
+    """Print one precision's rates and ratios; return them as a row."""
+    rate, system = {}, {}
+    for fw in frameworks:
+        times = [t for run in runs[(fw, precision)] for t in run["times"]]
+        rate[fw] = batch / statistics.median(times)
+        system[fw] = statistics.median(r["system_seconds_per_step"] for r in runs[(fw, precision)])
+    ratios = round_ratios(runs, precision, "tensorflow", "pytorch")
+    ratio = rate["tensorflow"] / rate["pytorch"]
+    label = "fp32" if precision == "fp32" else "bf16 (mixed)"
+    print(
+        f"  {label:13s} TensorFlow {rate['tensorflow']:7.2f}   PyTorch "
+        f"{rate['pytorch']:7.2f}   TF/PyTorch {ratio:.3f}x; per round "
+        + " ".join(f"{r:.3f}" for r in ratios)
+        + f", median {statistics.median(ratios):.3f}x"
+    )
+    row = {
+        "precision": precision,
+        "tensorflow_images_per_s": rate["tensorflow"],
+        "pytorch_images_per_s": rate["pytorch"],
+        "ratio": ratio,
+        "round_ratios": ratios,
+        "median_round_ratio": statistics.median(ratios),
+        "system_seconds_per_step": system,
+        "builds": {fw: runs[(fw, precision)][0]["build"] for fw in frameworks},
+    }
+    if BASELINE in frameworks:
+        against = round_ratios(runs, precision, "tensorflow", BASELINE)
+        print(
+            f"  {'':13s} baseline TensorFlow {rate[BASELINE]:7.2f}   this/baseline "
+            f"{rate['tensorflow'] / rate[BASELINE]:.3f}x; per round "
+            + " ".join(f"{r:.3f}" for r in against)
+            + f", median {statistics.median(against):.3f}x"
+        )
+        row.update(baseline_images_per_s=rate[BASELINE], baseline_round_ratios=against)
+    print(
+        f"  {'':13s} kernel time per step: "
+        + ", ".join(f"{fw} {system[fw]:.2f} s" for fw in frameworks)
+    )
+    return row
 
 
 def main() -> None:
@@ -132,6 +193,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,mixed")
     parser.add_argument("--keep-freed-memory", action="store_true")
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "PRECISION"))
+    parser.add_argument("--baseline", help="a checkout whose TensorFlow step is timed too")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     if args.one:
@@ -140,13 +202,12 @@ def main() -> None:
         print(json.dumps(timer(precision, args.batch, args.image_size, args.steps, args.warmup)))
         return
     precisions = args.precisions.split(",")
-    frameworks = ("tensorflow", "pytorch")
+    frameworks = ("tensorflow", "pytorch") + ((BASELINE,) if args.baseline else ())
     runs = {(fw, p): [] for fw in frameworks for p in precisions}
     for _ in range(args.rounds):
         for precision in precisions:
             for framework in frameworks:
                 runs[(framework, precision)].append(run_one(framework, precision, args))
-    rows = []
     for fw in frameworks:
         print(f"{fw}: {runs[(fw, precisions[0])][0]['build']}")
     print(
@@ -154,44 +215,7 @@ def main() -> None:
         f"{args.steps} steps x {args.rounds} rounds (images/s, median)"
         + (", glibc keeping freed memory" if args.keep_freed_memory else "")
     )
-    for precision in precisions:
-        rate, system = {}, {}
-        for fw in frameworks:
-            times = [t for run in runs[(fw, precision)] for t in run["times"]]
-            rate[fw] = args.batch / statistics.median(times)
-            system[fw] = statistics.median(
-                r["system_seconds_per_step"] for r in runs[(fw, precision)]
-            )
-        round_ratios = [
-            statistics.median(pt["times"]) / statistics.median(tf_run["times"])
-            for tf_run, pt in zip(
-                runs[("tensorflow", precision)], runs[("pytorch", precision)], strict=True
-            )
-        ]
-        ratio = rate["tensorflow"] / rate["pytorch"]
-        label = "fp32" if precision == "fp32" else "bf16 (mixed)"
-        print(
-            f"  {label:13s} TensorFlow {rate['tensorflow']:7.2f}   PyTorch "
-            f"{rate['pytorch']:7.2f}   TF/PyTorch {ratio:.3f}x; per round "
-            + " ".join(f"{r:.3f}" for r in round_ratios)
-            + f", median {statistics.median(round_ratios):.3f}x"
-        )
-        print(
-            f"  {'':13s} kernel time per step: TensorFlow {system['tensorflow']:.2f} s, "
-            f"PyTorch {system['pytorch']:.2f} s"
-        )
-        rows.append(
-            {
-                "precision": precision,
-                "tensorflow_images_per_s": rate["tensorflow"],
-                "pytorch_images_per_s": rate["pytorch"],
-                "ratio": ratio,
-                "round_ratios": round_ratios,
-                "median_round_ratio": statistics.median(round_ratios),
-                "system_seconds_per_step": system,
-                "builds": {fw: runs[(fw, precision)][0]["build"] for fw in frameworks},
-            }
-        )
+    rows = [report_precision(runs, precision, frameworks, args.batch) for precision in precisions]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 

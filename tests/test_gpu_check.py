@@ -362,3 +362,61 @@ def test_workers_run_together_write_freely_and_are_ended_by_the_time_limit(gpu_c
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     (late,) = gpu_check.run_together(sleeper, [dict(os.environ)], 1)
     assert late["code"] is None and "did not finish within 1 s" in late["stderr"]
+
+
+def test_the_summary_names_the_faster_setting_from_the_timed_runs(gpu_check, monkeypatch, tmp_path):
+    """A node of 4 GPUs whose fake timed runs make XLA faster and one process per GPU slower
+    than MirroredStrategy in one process: the summary's `defaults` names each faster setting,
+    its speed-up and the option that applies it; every run it timed was asked as named."""
+    rates = {"": 1000.0, "xla": 1200.0, "one-process": 3900.0, "workers": 3600.0}
+    timed = {}
+
+    def fake_train(precision, rehearse, steps, batch, work, seconds, setting=None):
+        name = setting.name if setting else ""
+        timed[name] = setting
+        return {"status": "passed", "examples_per_s": rates[name] if precision == "fp16" else 1.0}
+
+    devices = {
+        "status": "passed",
+        "tensorflow": {"gpus": [{"name": f"/GPU:{i}"} for i in range(4)]},
+    }
+    monkeypatch.setattr(gpu_check, "check_train", fake_train)
+    monkeypatch.setattr(gpu_check, "check_devices", lambda rehearse, seconds: devices)
+    monkeypatch.setattr(gpu_check, "check_all_reduce", lambda *a: {"status": "passed"})
+    monkeypatch.setattr(gpu_check, "check_roofline", lambda *a: {"status": "passed"})
+    monkeypatch.setattr(gpu_check, "check_energy", lambda *a: {"status": "passed"})
+    asked = gpu_check.checks_asked(compare_settings=True)
+    assert asked == (*CHECKS[:3], "train_fp16_xla", "node_one_process", "node_workers") + (
+        "defaults",
+        *CHECKS[3:],
+    )
+    summary, out = {"started": 0.0, "checks": {}, "asked": asked}, tmp_path / "summary.json"
+    args = type("Args", (), {"rehearse_on_cpu": False, "steps": 10, "batch": 8, "deadline": 600})
+    gpu_check.run_checks(summary, out, args, gpu_check.time.monotonic() + 600, tmp_path)
+    defaults = summary["checks"]["defaults"]
+    assert defaults["status"] == "passed"
+    assert (
+        defaults["xla"]["faster"] == "on" and defaults["xla"]["apply"] == "--set training.xla=true"
+    )
+    assert defaults["xla"]["speedup"] == pytest.approx(1.2)
+    assert defaults["node"]["faster"] == "one process"
+    assert defaults["node"]["apply"] == "--set training.strategy=mirrored"
+    assert defaults["node"]["speedup"] == pytest.approx(3900 / 3600)
+    assert timed["xla"].arguments == ("--set", "training.xla=true") and timed["xla"].gpus == 1
+    assert timed["workers"].arguments == ("--workers", "4") and timed["workers"].gpus == 4
+    written = json.loads(out.read_text())
+    assert written["checks"]["defaults"] == defaults and written["passed"] is True
+
+
+def test_a_single_gpu_node_times_xla_but_compares_no_processes(gpu_check):
+    checks = {
+        "train_fp16": {"examples_per_s": 1000.0},
+        "train_fp16_xla": {"examples_per_s": 900.0},
+        "node_one_process": {"status": "not run", "why": "1 GPU(s): one process each"},
+    }
+    defaults = gpu_check.faster_settings(checks, 1)
+    assert defaults["xla"]["faster"] == "off" and defaults["xla"]["speedup"] == pytest.approx(
+        1 / 0.9
+    )
+    assert defaults["node"]["status"] == "not run" and "node_one_process" in defaults["node"]["why"]
+    assert defaults["status"] == "not run"

@@ -4,12 +4,13 @@ import pytest
 import tensorflow as tf
 
 from hpcai500_tf import config
-from hpcai500_tf.engine import loop, run
+from hpcai500_tf.engine import loop, optimizers, run
 from hpcai500_tf.engine.optimizers import (
     LARS,
     ReplicaAgreedLossScaleOptimizer,
     TF1Momentum,
     WarmupDecay,
+    all_finite,
 )
 from hpcai500_tf.errors import UserError
 
@@ -170,3 +171,134 @@ def test_precision_by_name_and_the_devices_choice(precision, policy):
 def test_an_unknown_precision_is_one_line():
     with pytest.raises(UserError, match="must be fp32, mixed, fp16 or bf16, got 'fp8'"):
         config.prepare("image_classification", "tiny", ["training.precision=fp8"])
+
+
+def test_tf1_momentum_is_one_fused_kernel_per_variable_taking_the_formulas_steps():
+    """ResourceApplyMomentum, TF1's kernel: accum = m accum + g; w -= lr accum, traced or
+    eager, over a rate that changes; one kernel per variable and no separate assign."""
+    rates = keras.optimizers.schedules.PiecewiseConstantDecay([0, 1], [0.5, 0.2, 0.1])
+    variables = [tf.Variable([[1.0, -2.0], [0.5, 3.0]]), tf.Variable([0.25, -0.75])]
+    optimizer = TF1Momentum(rates, momentum=0.875)
+    optimizer.build(variables)
+    step = tf.function(lambda grads: optimizer.apply(grads, variables))
+    grads = [np.array([[0.1, 0.2], [-0.3, 0.4]], np.float32), np.array([0.5, -0.1], np.float32)]
+    expected = [v.numpy() for v in variables]
+    accums = [np.zeros_like(w) for w in expected]
+    for rate, apply in zip((0.5, 0.2, 0.1), (optimizer.apply, step, step), strict=True):
+        scaled = [g * rate * 10 for g in grads]  # a different gradient each step
+        if apply is step:
+            apply([tf.constant(g) for g in scaled])
+        else:
+            apply([tf.constant(g) for g in scaled], variables)
+        for i, g in enumerate(scaled):
+            accums[i] = np.float32(0.875) * accums[i] + g
+            expected[i] = expected[i] - np.float32(rate) * accums[i]
+            np.testing.assert_allclose(variables[i].numpy(), expected[i], rtol=1e-6)
+    ops = [op.type for op in step.get_concrete_function(grads).graph.get_operations()]
+    assert ops.count("ResourceApplyMomentum") == len(variables)
+    # Written out, each variable took an assign and an assign_sub; now at most one assign is
+    # left, the optimizer's own.
+    assert "AssignSubVariableOp" not in ops and ops.count("AssignVariableOp") <= 1
+
+
+def test_coupled_decay_in_the_update_is_the_gradient_of_the_decay_term():
+    """take_coupled_decay(wd, decayed): accum = m accum + g + wd w for the decayed variables,
+    accum = m accum + g for the others; w -= lr accum."""
+    kernel, bias = tf.Variable([[1.0, -2.0], [0.5, 3.0]]), tf.Variable([0.25, -0.75])
+    optimizer = TF1Momentum(0.1, momentum=0.875)
+    optimizer.build([kernel, bias])
+    assert optimizer.take_coupled_decay(0.01, [kernel])
+    step = tf.function(lambda grads: optimizer.apply(grads, [kernel, bias]))
+    grads = [np.array([[0.1, 0.2], [-0.3, 0.4]], np.float32), np.array([0.5, -0.1], np.float32)]
+    w, b = kernel.numpy(), bias.numpy()
+    accum_w, accum_b = np.zeros_like(w), np.zeros_like(b)
+    for _ in range(3):
+        step([tf.constant(g) for g in grads])
+        accum_w = 0.875 * accum_w + grads[0] + 0.01 * w
+        accum_b = 0.875 * accum_b + grads[1]
+        w, b = w - 0.1 * accum_w, b - 0.1 * accum_b
+        np.testing.assert_allclose(kernel.numpy(), w, rtol=1e-6)
+        np.testing.assert_allclose(bias.numpy(), b, rtol=1e-6)
+    assert not TF1Momentum(0.1, momentum=0.0).take_coupled_decay(0.01, [])  # nothing to fold into
+
+
+def test_the_engine_adds_the_decay_in_the_update_as_its_loss_would(monkeypatch):
+    """The tiny preset (TF1 momentum, decay on all variables) at a decay large enough to show:
+    after one step every accumulator holds the same sum as where the loss carries the decay's
+    gradient, the loss is the same, and the decay's share is far above the difference."""
+    overrides = ["optimizer.weight_decay=0.1", "data.source=random"]
+    setup = config.prepare("image_classification", "tiny", overrides)
+    in_update = run.build_engine(setup, None)
+    assert in_update.decay_in_update
+    monkeypatch.setattr(optimizers, "decay_in_update", lambda *args: False)
+    in_loss = run.build_engine(setup, None)
+    assert not in_loss.decay_in_update
+    images, labels = next(in_update.train_batches())
+    steps = [getattr(e, "traced_train_step", e.train_step) for e in (in_update, in_loss)]
+    losses = [float(step(images, labels)) for step in steps]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for a, b, w in zip(
+        in_update.optimizer.accumulators,
+        in_loss.optimizer.accumulators,
+        in_loss.model.trainable_variables,
+        strict=True,
+    ):
+        share = 0.1 * np.abs(w.numpy()).max()  # the decay's part of the gradient
+        assert np.abs(a.numpy() - b.numpy()).max() <= 1e-4 * max(share, 1e-3)
+
+
+def test_all_finite_is_one_check_over_every_tensor():
+    tensors = [tf.ones([2, 3]), tf.zeros([4]), tf.constant(1.0)]
+    assert bool(all_finite(tensors))
+    for bad in (np.inf, -np.inf, np.nan):
+        assert not bool(all_finite([*tensors, tf.constant([0.0, bad])]))
+    mixed = [tf.ones([2], tf.float16), tf.constant([1.0, np.nan], tf.bfloat16)]
+    assert not bool(all_finite(mixed)) and bool(all_finite(mixed[:1]))
+
+
+TWO_REPLICA_MOMENTUM = """
+from hpcai500_tf.engine.optimizers import TF1Momentum
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    kernel, bias = tf.Variable([[1.0, -2.0], [0.5, 3.0]]), tf.Variable([0.25, -0.75])
+    optimizer = TF1Momentum(0.1, momentum=0.875)
+    optimizer.build([kernel, bias])
+optimizer.take_coupled_decay(0.01, [kernel])
+grads = [[np.full((2, 2), 0.5, np.float32), np.full(2, 0.25, np.float32)],
+         [np.full((2, 2), -0.1, np.float32), np.full(2, 0.75, np.float32)]]
+
+
+@tf.function
+def step():
+    def replica():
+        i = tf.distribute.get_replica_context().replica_id_in_sync_group
+        chosen = [tf.where(i == 0, g0, g1) for g0, g1 in zip(*grads)]
+        optimizer.apply(chosen, [kernel, bias])
+    strategy.run(replica)
+
+
+step()
+step()
+print(json.dumps({
+    "kernel": [c.numpy().tolist() for c in kernel.values],
+    "bias": [c.numpy().tolist() for c in bias.values],
+}))
+"""
+
+
+def test_tf1_momentum_updates_every_replicas_copy_by_the_all_reduced_gradient():
+    """Under MirroredStrategy the fused kernels update each replica's own copy of the variable
+    and of its accumulator, with the sum of the replicas' gradients and the decay once."""
+    from tests.test_replicas import TWO_CPUS, run_two_cpus
+
+    facts = run_two_cpus(TWO_CPUS + TWO_REPLICA_MOMENTUM)
+    w, b = np.array([[1.0, -2.0], [0.5, 3.0]]), np.array([0.25, -0.75])
+    accum_w, accum_b = np.zeros_like(w), np.zeros_like(b)
+    for _ in range(2):
+        accum_w = 0.875 * accum_w + np.full((2, 2), 0.4) + 0.01 * w
+        accum_b = 0.875 * accum_b + np.full(2, 1.0)
+        w, b = w - 0.1 * accum_w, b - 0.1 * accum_b
+    for copy in facts["kernel"]:
+        np.testing.assert_allclose(copy, w, rtol=1e-6)
+    for copy in facts["bias"]:
+        np.testing.assert_allclose(copy, b, rtol=1e-6)

@@ -22,6 +22,12 @@ killed or reaches the deadline leaves the checks done so far and names those it 
                (x 2 (n - 1) / n), as nccl-tests defines them, and with NCCL_DEBUG=INFO (set
                unless you set it) the transports NCCL chose between the workers (P2P over
                NVLink/PCIe, SHM, NET); `p2p` says which placement kept P2P
+  with --compare-settings (after train_bf16; give it a longer --deadline, e.g. 1200):
+  train_fp16_xla    the fp16 run with `training.xla=true`
+  node_one_process  the fp16 run on every GPU of the node in one process (MirroredStrategy)
+  node_workers      the same with `train --workers N`, one process per GPU
+  defaults     from those runs: for XLA and for the node's processes, the faster setting, its
+               speed-up over the other and the train option that applies it (docs/gpu.md)
   energy       the NVML energy of the GPU the fp16 run used, from that run's record: moving
                (more than 0 J) or not
   roofline     `hpcai500-tf roofline --quick`: the measured ceilings per dtype
@@ -53,6 +59,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from hpcai500_tf.cluster.devices import (
     GPU_PLACEMENT,
@@ -212,20 +219,31 @@ def missing_gpus(seen: int, listed: int, visible: str | None) -> str | None:
 
 
 def check_train(
-    precision: str, rehearse: bool, steps: int, batch: int, work: Path, seconds: float
+    precision: str,
+    rehearse: bool,
+    steps: int,
+    batch: int,
+    work: Path,
+    seconds: float,
+    setting: Setting | None = None,
 ) -> dict:
-    """A short throughput-only run on one device; examples/s from its record."""
-    out = work / f"train-{precision}"
+    """A short throughput-only run on one device (the node's GPUs, `setting.gpus` of them, for
+    a setting that asks); examples/s from its record."""
+    setting = setting or Setting("", (), 1)
+    out = work / f"train-{precision}{setting.name and '-' + setting.name}"
+    gpus = setting.gpus
     if rehearse:
         preset = ["--preset", "tiny", "--set", "training.batch_per_replica=8"]
-        examples, env = 8 * steps, {}
+        examples, env = 8 * steps * gpus, {}
     else:
         preset = ["--preset", "reference", "--set", f"training.batch_per_replica={batch}"]
-        examples, env = batch * steps, {"CUDA_VISIBLE_DEVICES": first_visible_gpu()}
+        examples = batch * steps * gpus
+        env = {} if gpus > 1 else {"CUDA_VISIBLE_DEVICES": first_visible_gpu()}
+    strategy = () if setting.workers else ("--set", "training.strategy=default")  # one GPU
     command = [
         *CLI, "train", "image_classification", *preset,
         "--set", "data.source=random", "--set", f"data.train_examples={examples}",
-        "--set", "training.epochs=1", "--set", "training.strategy=default",
+        "--set", "training.epochs=1", *strategy, *setting.arguments,
         "--set", "training.checkpoint_every=0", "--set", f"training.precision={precision}",
         "--no-tensorboard", "--out", str(out),
     ]  # fmt: skip
@@ -247,6 +265,64 @@ def check_train(
         "devices_used": record["layers"]["L5"].get("devices_used"),
         "energy": record["energy"],
     }
+
+
+class Setting(NamedTuple):
+    """A way of running the fp16 step that the check times against another: its name, the
+    train command's extra arguments, and the GPUs it trains on."""
+
+    name: str
+    arguments: tuple[str, ...]
+    gpus: int
+
+    @property
+    def workers(self) -> bool:
+        """Whether it chooses its own strategy (`--workers N`, or one named)."""
+        return any(a == "--workers" or a.startswith("training.strategy=") for a in self.arguments)
+
+
+XLA_ON = Setting("xla", ("--set", "training.xla=true"), 1)
+
+
+def node_settings(gpus: int) -> dict[str, Setting]:
+    """The node's GPUs driven by one process (MirroredStrategy) or one process per GPU."""
+    return {
+        "node_one_process": Setting("one-process", ("--set", "training.strategy=mirrored"), gpus),
+        "node_workers": Setting("workers", ("--workers", str(gpus)), gpus),
+    }
+
+
+def faster_settings(checks: dict, gpus: int) -> dict:
+    """For XLA, and for one process against `--workers N` on the node, the faster of the two
+    settings the checks timed (examples/s of the fp16 step), its speed-up over the other and
+    the train option that applies it; "not run" where either side has no rate."""
+    pairs = {
+        "xla": (
+            ("off", "train_fp16", "--set training.xla=false"),
+            ("on", "train_fp16_xla", "--set training.xla=true"),
+        ),
+        "node": (
+            ("one process", "node_one_process", "--set training.strategy=mirrored"),
+            (f"--workers {gpus}", "node_workers", f"--workers {gpus}"),
+        ),
+    }
+    choices = {}
+    for what, sides in pairs.items():
+        rates = {label: checks.get(name, {}).get("examples_per_s") for label, name, _ in sides}
+        if any(not rate for rate in rates.values()):
+            missing = [name for label, name, _ in sides if not rates[label]]
+            choices[what] = {"status": "not run", "why": f"no rate from {', '.join(missing)}"}
+            continue
+        slower, faster = sorted(sides, key=lambda side: rates[side[0]])
+        choices[what] = {
+            "status": "passed",
+            "faster": faster[0],
+            "apply": faster[2],
+            "speedup": rates[faster[0]] / rates[slower[0]],
+            "examples_per_s": rates,
+        }
+    status = "passed" if all(c["status"] == "passed" for c in choices.values()) else "not run"
+    return {"status": status, **choices}
 
 
 def first_visible_gpu() -> str:
@@ -491,6 +567,20 @@ def check_roofline(rehearse: bool, work: Path, seconds: float) -> dict:
 SHARES = {"devices": 1, "train_fp16": 3, "train_bf16": 3, "all_reduce": 2.5, "energy": 0,
           "roofline": 2}  # fmt: skip
 CHECKS = tuple(SHARES)
+# With --compare-settings, after train_bf16: the fp16 step with XLA, the node's GPUs in one
+# process and one process per GPU, and the faster of each pair (`defaults`).
+SETTING_SHARES = {"train_fp16_xla": 3, "node_one_process": 3, "node_workers": 3, "defaults": 0}
+SHARES |= SETTING_SHARES
+
+
+def checks_asked(compare_settings: bool) -> tuple[str, ...]:
+    """The checks a run makes, in order."""
+    if not compare_settings:
+        return CHECKS
+    at = CHECKS.index("train_bf16") + 1
+    return (*CHECKS[:at], *SETTING_SHARES, *CHECKS[at:])
+
+
 # how a check cut by the deadline says so (run_command's timeout; run_checks, no time left)
 CUT_BY_DEADLINE = ("did not finish within", "deadline was reached")
 CACHE_BYTES = 4 * 2**30  # CUDA_CACHE_MAXSIZE: ResNet-50's kernels in fp16, bf16 and fp32
@@ -532,8 +622,9 @@ def cold_jit(checks: dict, before: dict, after: dict) -> str | None:
 def write_summary(out: Path, summary: dict) -> None:
     """Replace the summary whole (a temporary file renamed over it): never half a file."""
     checks = summary["checks"]
-    summary["passed"] = all(checks.get(n, {}).get("status") == "passed" for n in CHECKS)
-    summary["unfinished"] = [n for n in CHECKS if n not in checks]
+    asked = summary.get("asked", CHECKS)
+    summary["passed"] = all(checks.get(n, {}).get("status") == "passed" for n in asked)
+    summary["unfinished"] = [n for n in asked if n not in checks]
     summary["seconds"] = round(time.time() - summary["started"], 1)
     temporary = out.with_name(f".{out.name}.tmp")
     temporary.write_text(json.dumps(summary, indent=1) + "\n")
@@ -543,10 +634,14 @@ def write_summary(out: Path, summary: dict) -> None:
 def run_checks(summary: dict, out: Path, args, deadline: float, work: Path) -> None:
     """Each check in turn with its share of the time left, the summary rewritten after each."""
     checks, rehearse = summary["checks"], args.rehearse_on_cpu
+    sizes, asked = (args.steps, args.batch), summary.get("asked", CHECKS)
+
+    def gpus() -> int:  # those TensorFlow sees (2 CPU workers in the rehearsal)
+        return 2 if rehearse else len((checks["devices"].get("tensorflow") or {}).get("gpus", []))
 
     def share(name: str) -> float:
         left = deadline - time.monotonic()
-        weight = SHARES[name] / sum(SHARES[n] for n in CHECKS if n not in checks)
+        weight = SHARES[name] / sum(SHARES[n] for n in asked if n not in checks)
         return left * weight
 
     def record(name: str, result: dict) -> None:
@@ -555,7 +650,7 @@ def run_checks(summary: dict, out: Path, args, deadline: float, work: Path) -> N
         checks[name] = result
         write_summary(out, summary)
 
-    for name in CHECKS:
+    for name in asked:
         if name in checks:
             continue
         seconds = share(name) if SHARES[name] else 0.0
@@ -567,14 +662,24 @@ def run_checks(summary: dict, out: Path, args, deadline: float, work: Path) -> N
         if name == "devices":
             record(name, check_devices(rehearse, seconds))
             if checks["devices"]["status"] != "passed":
-                for other in CHECKS[1:]:
+                for other in asked[1:]:
                     checks[other] = {"status": "not run", "why": "no usable GPU (see devices)"}
                 write_summary(out, summary)
                 return
+        elif name == "train_fp16_xla":
+            record(name, check_train("fp16", rehearse, *sizes, work, seconds, XLA_ON))
         elif name.startswith("train_"):
             precision = name.removeprefix("train_")
             run = check_train(precision, rehearse, args.steps, args.batch, work, seconds)
             record(name, run)
+        elif name.startswith("node_"):
+            if gpus() < 2:
+                record(name, {"status": "not run", "why": f"{gpus()} GPU(s): one process each"})
+                continue
+            setting = node_settings(gpus())[name]
+            record(name, check_train("fp16", rehearse, *sizes, work, seconds, setting))
+        elif name == "defaults":
+            record(name, faster_settings(checks, gpus()))
         elif name == "all_reduce":
             count = len((checks["devices"].get("tensorflow") or {}).get("gpus", []))
             record(name, check_all_reduce(rehearse, gpu_entries(count), seconds))
@@ -592,6 +697,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256, help="batch per GPU at 224x224")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds for every check")
     parser.add_argument("--rehearse-on-cpu", action="store_true")
+    parser.add_argument(
+        "--compare-settings",
+        action="store_true",
+        help="also time the fp16 step with XLA and the node's GPUs in one process against "
+        "--workers N, and name the faster of each (give it a longer --deadline, e.g. 1200)",
+    )
     args = parser.parse_args()
     keep_tensorflow_quiet()  # inherited by each check's process (their stderr tails are kept)
     out = Path(args.out)
@@ -610,6 +721,7 @@ def main() -> int:
         "host": platform.node(),
         "started": time.time(),
         "deadline_s": args.deadline,
+        "asked": list(checks_asked(args.compare_settings)),
         "cuda_cache_before": cuda_cache(),
         "checks": {},
     }
@@ -632,7 +744,7 @@ def main() -> int:
         print(summary["cold_jit"])
     print(f"summary: {out}")
     if not summary["passed"]:
-        failed = [n for n in CHECKS if checks.get(n, {}).get("status") != "passed"]
+        failed = [n for n in summary["asked"] if checks.get(n, {}).get("status") != "passed"]
         print(f"gpu_check: not every check passed ({', '.join(failed)})", file=sys.stderr)
     return 0 if summary["passed"] else 1
 

@@ -67,6 +67,8 @@ class Engine:
         # Where dynamic loss scaling runs (float16), the scale it starts from (the record's L8).
         self.initial_loss_scale = getattr(self.optimizer, "initial_scale", None)
         self.decayed = optimizers.decayed_variables(self.model, optimizer.decay_all_variables)
+        # The decay's gradient added in the optimizer's update where it can (TF1 momentum).
+        self.decay_in_update = optimizers.decay_in_update(self.optimizer, optimizer, self.decayed)
         # The variables of a term the model's kernels ask for (weight decay covers its own).
         covered = self.decayed if optimizer.weight_decay else []
         self.unchecked = kernels.finiteness_variables(self.model, covered)
@@ -101,6 +103,8 @@ class Engine:
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
             if config.weight_decay:
                 l2 = tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in self.decayed])
+                if self.decay_in_update:  # its gradient: in the update (decay_in_update)
+                    l2 = tf.stop_gradient(l2)
                 loss += config.weight_decay * l2 / self.replicas
             scaled = self.optimizer.scale_loss(loss)
         return loss, tape.gradient(scaled, self.model.trainable_variables)

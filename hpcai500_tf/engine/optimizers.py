@@ -13,7 +13,6 @@ import math
 
 import keras
 import tensorflow as tf
-from keras import ops
 
 from hpcai500_tf.config import OptimizerConfig
 from hpcai500_tf.run.schedule import warmup_decay
@@ -84,13 +83,17 @@ class TF1Momentum(keras.optimizers.Optimizer):
     Keras's SGD folds the rate into its velocity instead (v = momentum x v - lr x grad;
     var += v): the two take the same steps while the rate is constant and differ whenever it
     changes (warm-up, decay), where this one applies today's rate to the whole accumulated
-    gradient. Two element-wise updates per variable, as many as Keras's SGD."""
+    gradient. Each variable's update is one kernel: TensorFlow's fused ResourceApplyMomentum,
+    the kernel TF1's MomentumOptimizer runs, with these exact two steps (where written out as
+    Keras ops it took two assigns and three element-wise ops)."""
 
     def __init__(self, learning_rate=0.01, momentum=0.9, name="tf1_momentum", **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
+        self.coupled_decay = 0.0
+        self._decayed_indices: frozenset[int] = frozenset()
 
     def build(self, variables):
         if self.built:
@@ -98,13 +101,39 @@ class TF1Momentum(keras.optimizers.Optimizer):
         super().build(variables)
         self.accumulators = [self.add_variable_from_reference(v, "accumulator") for v in variables]
 
+    def take_coupled_decay(self, rate: float, variables: list) -> bool:
+        """Add rate x w to the gradient of each of `variables` (built ones) in the update
+        itself: the gradient of rate x ||w||^2 / 2, which the loss then need not carry. One
+        kernel per variable (accum += rate / momentum x w, before the momentum kernel
+        multiplies accum by momentum), where the loss's gradient takes two (a product and
+        the sum with the model's gradient). False, taking nothing, without momentum."""
+        if not self.momentum:
+            return False
+        self.coupled_decay = float(rate)
+        self._decayed_indices = frozenset(self._get_variable_index(v) for v in variables)
+        return True
+
     def update_step(self, gradient, variable, learning_rate):
-        learning_rate = ops.cast(learning_rate, variable.dtype)
-        gradient = ops.cast(gradient, variable.dtype)
-        accumulator = self.accumulators[self._get_variable_index(variable)]
-        momentum = ops.cast(self.momentum, variable.dtype)
-        self.assign(accumulator, ops.add(ops.multiply(accumulator, momentum), gradient))
-        self.assign_sub(variable, ops.multiply(accumulator, learning_rate))
+        if isinstance(variable, keras.Variable):
+            variable = variable.value  # the tf.Variable (this replica's, under a strategy)
+        index = self._get_variable_index(variable)
+        accumulator = self.accumulators[index].value
+        if self.coupled_decay and index in self._decayed_indices:
+            tf.raw_ops.ResourceApplyGradientDescent(  # accum -= alpha x w
+                var=accumulator.handle,
+                alpha=tf.constant(-self.coupled_decay / self.momentum, variable.dtype),
+                delta=variable,
+                use_locking=False,
+            )
+        tf.raw_ops.ResourceApplyMomentum(
+            var=variable.handle,
+            accum=accumulator.handle,
+            lr=tf.cast(learning_rate, variable.dtype),
+            grad=tf.cast(gradient, variable.dtype),
+            momentum=tf.cast(self.momentum, variable.dtype),
+            use_locking=False,
+            use_nesterov=False,
+        )
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum}
@@ -178,13 +207,21 @@ class ReplicaAgreedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def check_finite(self, grads):
         """True on every replica when no replica's gradients hold an Inf or NaN."""
-        locally_finite = super().check_finite(grads)
+        locally_finite = all_finite([g for g in grads if g is not None])
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return locally_finite
         overflowed = tf.cast(tf.logical_not(locally_finite), tf.float32)
         replicas_overflowed = context.all_reduce(tf.distribute.ReduceOp.SUM, overflowed)
         return tf.equal(replicas_overflowed, 0.0)
+
+
+def all_finite(tensors: list):
+    """True when no tensor holds an Inf or NaN: one IsFinite and one All over the tensors laid
+    end to end (one copy of them), where Keras takes one of each per tensor (two kernels per
+    gradient on a GPU)."""
+    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
+    return tf.reduce_all(tf.math.is_finite(tf.concat(flat, axis=0)))
 
 
 def fixed_loss_scale(config: OptimizerConfig, policy: str) -> float | None:
@@ -215,6 +252,18 @@ def build_optimizer(
     if config.momentum_form == "tf1":
         return TF1Momentum(schedule, momentum=config.momentum, **scale)
     return keras.optimizers.SGD(schedule, momentum=config.momentum, **scale)
+
+
+def decay_in_update(
+    optimizer: keras.optimizers.Optimizer, config: OptimizerConfig, decayed: list
+) -> bool:
+    """Whether the (built) optimizer adds weight decay's gradient to `decayed` in its own
+    update (TF1 momentum: `TF1Momentum.take_coupled_decay`), so that the loss's decay term
+    needs no gradient. The same sum, wd x w, as the loss's gradient after the all-reduce."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if not config.weight_decay or not isinstance(inner, TF1Momentum):
+        return False
+    return inner.take_coupled_decay(config.weight_decay, decayed)
 
 
 def decayed_variables(model: keras.Model, decay_all: bool) -> list:

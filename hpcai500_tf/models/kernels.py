@@ -170,7 +170,8 @@ class FusedBatchNorm(layers.Layer):
     float32, with casts around them under mixed precision); the fused kernel does it in one
     pass and takes bfloat16/float16 activations with float32 statistics directly.
     Moving statistics: moving = momentum * moving + (1 - momentum) * batch, as in Keras, except
-    that the fused kernel's batch variance is the unbiased one (n / (n - 1) times Keras').
+    that the fused kernel's batch variance is the unbiased one (n / (n - 1) times Keras'); the
+    kernel computes the update in the same pass (its `exponential_avg_factor`).
     """
 
     def __init__(
@@ -206,12 +207,20 @@ class FusedBatchNorm(layers.Layer):
 
     def call(self, inputs, training=False):
         if training:
-            outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-                inputs, self.gamma, self.beta, epsilon=self.epsilon, is_training=True
+            # The kernel updates the moving statistics itself (exponential_avg_factor): two
+            # assigns per layer, where the update written out took six element-wise ops more.
+            outputs, moving_mean, moving_variance = tf.compat.v1.nn.fused_batch_norm(
+                inputs,
+                self.gamma,
+                self.beta,
+                mean=self.moving_mean,
+                variance=self.moving_variance,
+                epsilon=self.epsilon,
+                is_training=True,
+                exponential_avg_factor=1.0 - self.momentum,
             )
-            decay = 1.0 - self.momentum
-            self.moving_mean.assign_sub((self.moving_mean - mean) * decay)
-            self.moving_variance.assign_sub((self.moving_variance - variance) * decay)
+            self.moving_mean.assign(moving_mean)
+            self.moving_variance.assign(moving_variance)
             return outputs
         outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
             inputs,
