@@ -56,8 +56,12 @@ def _load_records(paths: list[str]) -> list[tuple[str, dict]]:
 
 def _score(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
+    from hpcai500_tf.report import throughput_view
     from hpcai500_tf.results import scoring
 
+    args.records = throughput_view.score_apart(args)  # throughput records: their own tables
+    if not args.records:
+        return 0
     results = []
     for path, rec in _load_records(args.records):
         benchmark = config.load_benchmark(rec["benchmark"])
@@ -78,8 +82,12 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _rank(args: argparse.Namespace) -> int:
+    from hpcai500_tf.report import throughput_view
     from hpcai500_tf.results import scoring
 
+    args.records = throughput_view.rank_apart(args)  # throughput records: ranked apart
+    if not args.records:
+        return 0
     rankings = scoring.rank_records(
         _load_records(args.records),
         args.benchmark,
@@ -162,6 +170,10 @@ def _train(args: argparse.Namespace) -> int:
     framework = _framework(args)
     if args.device != "auto" and framework != "pytorch":
         raise UserError("--device is for --framework pytorch (TensorFlow uses what it sees)")
+    if args.instances is not None:  # M runs at once, scored as one throughput (#40)
+        from hpcai500_tf.cluster import instance_run
+
+        return instance_run.train(args, framework)
     launching = args.workers is not None
     overrides = [*args.set, *strategy_overrides(launching, framework)]
     if args.resume:  # validated before any framework loads
@@ -506,6 +518,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="start N worker processes on this machine (MultiWorkerMirroredStrategy)",
+    )
+    train.add_argument(
+        "--instances",
+        type=int,
+        metavar="M",
+        help="train M independent instances at once (each its own run; --workers N: N in all), "
+        "scored as one throughput in models per minute (docs/throughput.md)",
     )
     train.add_argument(
         "--tensorboard",
