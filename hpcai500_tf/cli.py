@@ -171,9 +171,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.device != "auto" and framework != "pytorch":
         raise UserError("--device is for --framework pytorch (TensorFlow uses what it sees)")
     if args.instances is not None:  # M runs at once, scored as one throughput (#40)
-        from hpcai500_tf.cluster import instance_run
+        from hpcai500_tf import instance_launch
 
-        return instance_run.train(args, framework)
+        return instance_launch.train(args, framework)
     launching = args.workers is not None
     overrides = [*args.set, *strategy_overrides(launching, framework)]
     if args.resume:  # validated before any framework loads

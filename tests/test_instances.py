@@ -1,4 +1,4 @@
-"""`train BENCHMARK --instances M` (cluster/instances.py, cluster/instance_run.py) and its
+"""`train BENCHMARK --instances M` (cluster/instances.py, instance_launch.py) and its
 throughput record and score (results/throughput.py): the split of workers, GPUs and Slurm
 tasks, bad input in one line before any training, M runs at once, the window and the models
 per minute recomputed from the members' MLPerf logs, a lost instance, one stop for all."""
