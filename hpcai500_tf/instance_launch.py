@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -224,6 +225,7 @@ def _member(parent: Path, index: int, seed: int, process) -> dict:
         "run_dir": run_dir_of(parent / f"instance-{index}"),
         "exit_code": code,
         "ended": "never started (stopped first)" if process is None else ended_words(code),
+        "hosts": [socket.gethostname()],
     }
 
 
@@ -297,10 +299,16 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
     out.mkdir(exist_ok=True)
     command = child_arguments(args, seed, 1, out)
     env = plans.apply_group(dict(os.environ), group)
+    print(
+        f"instance {group.instance} of {group.instances} on {', '.join(group.nodes)} "
+        f"(task {group.index_in_group} of {group.tasks_per_instance}; seed {seed})",
+        flush=True,
+    )
     code = subprocess.call(command, env=env)
     if group.chief:
         note = {"index": group.instance, "seed": seed, "run_dir": run_dir_of(out),
-                "exit_code": code, "ended": ended_words(code)}  # fmt: skip
+                "exit_code": code, "ended": ended_words(code),
+                "hosts": list(group.nodes)}  # fmt: skip
         note_path = parent / MEMBER_NOTE.format(index=group.instance)
         record_io.write_atomic(note_path, note, overwrite=True)
         _assemble(parent, setup, group)

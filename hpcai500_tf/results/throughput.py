@@ -49,6 +49,7 @@ _MEMBER = {
     "run_dir": "str?",  # relative to the record's directory; None: the instance made none
     "exit_code": "int?",
     "ended": "str",  # how its process ended, in words
+    "hosts": ["str"],  # the nodes it ran on
 }
 _SCHEMA: dict[str, Any] = {
     "schema_version": "int",
