@@ -278,3 +278,41 @@ def test_sigterm_stops_every_instance_as_one_stop(tmp_path):
         assert rec["status"] == "stopped"  # each kept its work, resumable on its own
     with pytest.raises(UserError, match="were stopped"):
         throughput.score(parent / "throughput.json")
+
+
+@pytest.mark.slow
+def test_report_gives_the_throughput_its_page_with_the_members_curves(two_instances, tmp_path):
+    path, _ = two_instances
+    assert main(["report", str(path.parent), "--out", str(tmp_path / "report")]) == 0
+    (page,) = (tmp_path / "report").glob("throughput-*.html")
+    text = page.read_text()
+    one = throughput.score(path)
+    assert f"{one.models_per_minute:.4g} models/min" in text
+    assert "instance 0 (seed 10)" in text and "instance 1 (seed 11)" in text  # both curves
+    assert text.count("<svg") == 1
+
+
+@pytest.mark.slow
+def test_pytorch_instances_make_a_throughput_record_too(tmp_path, torch_installed):
+    process = _cli([*TRAIN, "--framework", "pytorch", "--instances", "2", "--out", str(tmp_path)])
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    (path,) = tmp_path.glob("*/throughput.json")
+    for member in throughput.load(path)["members"]:
+        rec = record.load(path.parent / member["run_dir"] / "record.json")
+        assert rec["source"]["framework"] == "pytorch" and rec["status"] == "completed"
+    assert throughput.score(path).instances == 2
+
+
+def test_the_throughput_modules_import_without_a_framework():
+    code = (
+        "import sys\n"
+        "for name in ('tensorflow', 'keras', 'torch'):\n"
+        "    sys.modules[name] = None\n"
+        "import hpcai500_tf.cluster.instances, hpcai500_tf.results.throughput\n"
+        "import hpcai500_tf.report.throughput_view, hpcai500_tf.report.throughput_page\n"
+        "import hpcai500_tf.instance_launch\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
