@@ -204,6 +204,9 @@ def test_rank_keeps_throughput_apart_from_time_to_quality_records(two_instances,
     assert main(["rank", "--json", str(path)]) == 0
     (ranking,) = json.loads(capsys.readouterr().out)
     assert (ranking["form"], ranking["benchmark"]) == ("weak_scaling", "image_classification")
+    # the tiny preset's problem is not the benchmark's: refused by the rules a run is ranked by
+    assert ranking["entries"] == [] and ranking["refused"][0]["record"] == str(path)
+    assert any("L9 problem" in why for why in ranking["refused"][0]["reasons"])
     assert main(["rank", str(path), str(run_record)]) == 0
     shown = capsys.readouterr().out
     assert "throughput (weak_scaling)" in shown and "free level, convention stated" in shown
@@ -316,3 +319,51 @@ def test_the_throughput_modules_import_without_a_framework():
     subprocess.run(
         [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
+
+
+def test_the_window_energy_is_the_machine_sampled_once_over_the_window(tmp_path):
+    """Power sampled by the process that starts the instances, over the window its members'
+    MLPerf logs give: each source once, never once per instance."""
+    from hpcai500_tf import instance_launch
+    from hpcai500_tf.energy.sampler import PowerSampler
+    from hpcai500_tf.energy.sources import Source
+
+    node = Source("meter", "whole node", "power", "a fake node meter", read_value=lambda: 250.0)
+    sampler = PowerSampler([node], hz=200).start()
+    began = time.time()
+    time.sleep(0.4)
+    ended = time.time()
+    time.sleep(0.1)
+    sampler.stop()
+    members = []
+    for index, (start, stop) in enumerate([(began, began + 0.2), (began + 0.1, ended)]):
+        run_dir = tmp_path / f"instance-{index}" / "run"
+        run_dir.mkdir(parents=True)
+        lines = [
+            {"key": "run_start", "time_ms": start * 1000, "metadata": {}},
+            {"key": "run_stop", "time_ms": stop * 1000, "metadata": {"status": "success"}},
+        ]
+        (run_dir / "mlperf.log").write_text("".join(f":::MLLOG {json.dumps(x)}\n" for x in lines))
+        members.append({"index": index, "seed": index, "run_dir": f"instance-{index}/run",
+                        "exit_code": 0, "ended": "exited 0", "hosts": ["here"]})  # fmt: skip
+    data = {"members": members, "window": {}}
+    energy, _ = instance_launch._window_energy(tmp_path, data, sampler, [], 200)
+    assert data["window"]["start"] == pytest.approx(began, abs=1e-3)
+    assert data["window"]["stop"] == pytest.approx(ended, abs=1e-3)
+    assert energy["measured"] and energy["average_watts"] == pytest.approx(250.0)
+    assert energy["joules"] == pytest.approx(250.0 * (ended - began), rel=0.05)
+
+
+def test_an_instance_of_several_workers_is_a_workers_run_of_its_own(tmp_path):
+    """Each instance's command: the user's arguments, its own seed and directory, and
+    `--workers N/M` where it has several (its own launcher: its own TF_CONFIG and ports)."""
+    from hpcai500_tf import instance_launch
+    from hpcai500_tf.cli import build_parser
+
+    args = build_parser().parse_args([*TRAIN, "--instances", "2", "--workers", "4"])
+    command = instance_launch.child_arguments(args, 11, 2, tmp_path / "instance-1")
+    assert command[1:4] == ["-m", "hpcai500_tf.cli", "train"]
+    text = " ".join(command)
+    assert "--set training.seed=11 --workers 2 --out" in text and "--instances" not in text
+    single = instance_launch.child_arguments(args, 10, 1, tmp_path / "instance-0")
+    assert "--workers" not in single

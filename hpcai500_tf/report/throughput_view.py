@@ -86,7 +86,7 @@ def rank_apart(args) -> list[str]:
         return others
     if args.json and others:
         raise UserError("rank --json: give throughput records and run records separately")
-    rankings = throughput.rank(found, args.benchmark)
+    rankings = throughput.rank(found, args.benchmark, args.level)
     if args.json:
         rendered = [
             {"form": r.form, "benchmark": r.benchmark,
@@ -98,8 +98,7 @@ def rank_apart(args) -> list[str]:
         print(json.dumps(rendered, indent=2))
         return others
     for ranking in rankings:
-        if ranking.entries:
-            console.print(ranking_table(ranking))
+        console.print(ranking_table(ranking))
         if ranking.refused:
             console.print(refused_table(ranking.refused))
     return others

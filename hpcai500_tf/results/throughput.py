@@ -272,27 +272,47 @@ class ThroughputRanking:
     refused: list[tuple[str, list[str]]]
 
 
-def rank(paths: list[str], benchmark: str | None = None) -> list[ThroughputRanking]:
+def member_refusals(path: Path | str, data: dict, level_name: str) -> list[str]:
+    """What the ranking rules at `level_name` (scoring.refusal, the rules a time-to-quality
+    record is ranked by) say against any member's record, each reason once."""
+    from hpcai500_tf import config
+    from hpcai500_tf.results import scoring
+
+    benchmark, level = config.load_benchmark(data["benchmark"]), config.load_level(level_name)
+    reasons: list[str] = []
+    for member in data["members"]:
+        rec = read_member(Path(path).parent, member)["record"]
+        if rec is not None:
+            found = scoring.refusal(rec, benchmark, level, result_needed=False)
+            reasons += [f"instance {member['index']}: {why}" for why in found]
+    return list(dict.fromkeys(reasons))
+
+
+def rank(
+    paths: list[str], benchmark: str | None = None, level: str = "free"
+) -> list[ThroughputRanking]:
     """One ranking per form and benchmark, by models per minute; a record that cannot be
-    scored (or is another benchmark's than `benchmark`) is refused with its reason."""
+    scored, whose members the level's rules refuse, or of another benchmark than
+    `benchmark`, is refused with its reasons in its form and benchmark's ranking."""
     groups: dict[tuple[str, str], ThroughputRanking] = {}
-    refused = []
     for path in paths:
+        data = load(path)
+        key = (data["form"], data["benchmark"])
+        ranking = groups.setdefault(key, ThroughputRanking(*key, [], []))
+        if benchmark is not None and data["benchmark"] != benchmark:
+            ranking.refused.append((path, [f"benchmark '{data['benchmark']}', not '{benchmark}'"]))
+            continue
         try:
-            data = load(path)
-            if benchmark is not None and data["benchmark"] != benchmark:
-                raise UserError(f"benchmark '{data['benchmark']}', not '{benchmark}'")
             one = score(path, data)
         except UserError as error:
-            refused.append((path, [str(error)]))
+            ranking.refused.append((path, [str(error)]))
             continue
-        key = (one.form, one.benchmark)
-        groups.setdefault(key, ThroughputRanking(*key, [], []))
-        groups[key].entries.append((path, one))
+        reasons = member_refusals(path, data, level)
+        if reasons:
+            ranking.refused.append((path, reasons))
+        else:
+            ranking.entries.append((path, one))
     rankings = [groups[key] for key in sorted(groups)]
     for ranking in rankings:
         ranking.entries.sort(key=lambda item: item[1].models_per_minute, reverse=True)
-    if refused:
-        rankings = rankings or [ThroughputRanking("weak_scaling", benchmark or "", [], [])]
-        rankings[-1].refused = refused
     return rankings
