@@ -173,7 +173,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.instances is not None:  # M runs at once, scored as one throughput (#40)
         from hpcai500_tf import instance_launch
 
-        return instance_launch.train(args, framework)
+        return instance_launch.train(args)
     launching = args.workers is not None
     overrides = [*args.set, *strategy_overrides(launching, framework)]
     if args.resume:  # validated before any framework loads

@@ -94,7 +94,7 @@ def ended_words(code: int | None) -> str:
     return "exited 0" if code == 0 else f"exited with code {code}"
 
 
-def train(args, framework: str) -> int:
+def train(args) -> int:
     """`train ... --instances M`: locally, or this task's instance under srun; every check
     before any instance starts."""
     from hpcai500_tf import config
@@ -106,7 +106,7 @@ def train(args, framework: str) -> int:
         if args.workers is not None:
             raise UserError("--workers is for one machine: under srun the step's tasks are")
         return run_slurm_task(args, setup, plans.slurm_group(args.instances, os.environ))
-    gpus = cluster.visible_gpus() if framework == "tensorflow" else []
+    gpus = cluster.visible_gpus()  # each instance gets its share as CUDA_VISIBLE_DEVICES
     plan = plans.local_plan(args.instances, args.workers, gpus, os.environ)
     if plan.workers_per_instance > 1:
         cluster.resolve_collective(setup.communication.collective, gpus)
