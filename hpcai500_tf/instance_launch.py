@@ -18,6 +18,7 @@ in its own record: the window's is not measured).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ KILL_WAIT_S = 10.0
 FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
              signal.SIGHUP: signal.SIGTERM}  # fmt: skip
 MEMBER_NOTE = "instance-{index}.member.json"  # under srun: how one instance ended
+ERROR_PREFIX = "hpcai500-tf: error: "
 
 
 def check_arguments(args) -> None:
@@ -184,6 +186,10 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
         _member(parent, index, seeds[index], processes[index] if index < len(processes) else None)
         for index in range(plan.instances)
     ]
+    refused = _all_refused(parent, members)
+    if refused is not None:  # bad input every instance refused: nothing ran, nothing kept
+        shutil.rmtree(parent, ignore_errors=True)
+        raise UserError(refused)
     data = _record(setup, plan.instances, plan.workers_per_instance, members, "local", stop)
     data["energy"], more = _window_energy(parent, data, sampler, notes, args.power_hz)
     data["warnings"] += more
@@ -214,7 +220,30 @@ def _say_ended(processes: list[subprocess.Popen], reported: set[int]) -> None:
         code = process.poll()
         if code is not None and index not in reported:
             reported.add(index)
-            print(f"instance {index}: {ended_words(code)}", flush=True)
+            said = error_line(Path(process.args[-1]).with_suffix(".log")) if code else ""
+            print(f"instance {index}: {ended_words(code)}{f': {said}' if said else ''}", flush=True)
+
+
+def error_line(log: Path) -> str:
+    """The one-line error an instance ended with (its last `hpcai500-tf: error:` line), or ""."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [line for line in lines if line.startswith(ERROR_PREFIX)]
+    return said[-1].removeprefix(ERROR_PREFIX)[:300] if said else ""
+
+
+def _all_refused(parent: Path, members: list[dict]) -> str | None:
+    """The line to refuse the command with where every instance ended with a user error (exit
+    2) before any began its timed run: the same bad input, said once."""
+    if not members or any(m["exit_code"] != 2 for m in members):
+        return None
+    seen = [throughput.read_member(parent, m) for m in members]
+    if any(m["run_start"] is not None for m in seen):
+        return None
+    said = error_line(parent / "instance-0.log")
+    return said or "every instance ended with exit code 2 before its run began (their logs)"
 
 
 def _member(parent: Path, index: int, seed: int, process) -> dict:

@@ -367,3 +367,17 @@ def test_an_instance_of_several_workers_is_a_workers_run_of_its_own(tmp_path):
     assert "--set training.seed=11 --workers 2 --out" in text and "--instances" not in text
     single = instance_launch.child_arguments(args, 10, 1, tmp_path / "instance-0")
     assert "--workers" not in single
+
+
+@pytest.mark.slow
+def test_bad_input_every_instance_refuses_is_one_line_and_nothing_is_kept(tmp_path):
+    missing = tmp_path / "no-such-data"
+    process = _cli(
+        [*TRAIN, "--set", "data.source=imagenet", "--data", str(missing), "--instances", "2",
+         "--out", str(tmp_path / "runs")]
+    )  # fmt: skip
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 2, output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("hpcai500-tf: error: ") and "no-such-data" in last, output
+    assert not any((tmp_path / "runs").iterdir())  # no parent directory left behind
