@@ -37,7 +37,6 @@ from hpcai500_tf.report.html_parts import (
 from hpcai500_tf.report.ranking_page import index_page
 from hpcai500_tf.report.run_files import RunFiles, load_run
 from hpcai500_tf.report.system_page import system_page
-from hpcai500_tf.report.throughput_page import page_name
 from hpcai500_tf.results import scoring
 from hpcai500_tf.run.run_directory import POWER_SAMPLES
 
@@ -54,7 +53,7 @@ def write_report(arguments: list[str], out: str | Path) -> list[Path]:
     _check_out(out)
     found, arguments = throughput_page.split(arguments)  # throughput records: their own pages
     runs = [load_run(argument) for argument in _distinct(arguments)]
-    pages = [(page_name(path), throughput_page.throughput_page(path)) for path in found]
+    pages = [(throughput_page.page_name(p), throughput_page.throughput_page(p)) for p in found]
     names = page_names(runs)
     try:
         out.mkdir(parents=True, exist_ok=True)
