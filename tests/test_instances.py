@@ -381,3 +381,54 @@ def test_bad_input_every_instance_refuses_is_one_line_and_nothing_is_kept(tmp_pa
     last = output.strip().splitlines()[-1]
     assert last.startswith("hpcai500-tf: error: ") and "no-such-data" in last, output
     assert not any((tmp_path / "runs").iterdir())  # no parent directory left behind
+
+
+def _throughput_record(**changes) -> dict:
+    member = {"index": 0, "seed": 10, "run_dir": "instance-0/run", "exit_code": 0,
+              "ended": "exited 0", "hosts": ["here"]}  # fmt: skip
+    data = {
+        "schema_version": 1, "kind": throughput.KIND, "form": "weak_scaling",
+        "status": "completed", "benchmark": "image_classification", "preset": "tiny",
+        "instances": 1, "workers_per_instance": 1, "placement": "local",
+        "rule": dict(throughput.RULE), "members": [member],
+        "window": {"start": 1.0, "stop": 2.0}, "energy": {}, "warnings": [],
+        "source": {"tool": "hpcai500-tf", "tool_version": "0"},
+    }  # fmt: skip
+    for key, value in changes.items():
+        if key.startswith("member_"):
+            member[key.removeprefix("member_")] = value
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"kind": "hpcai500-record"}, "not a throughput record"),
+        ({"form": "strong"}, "'form' must be one of weak_scaling"),
+        ({"instances": 2}, "'instances' must be the number of members"),
+        ({"member_run_dir": "/etc"}, "a path inside the record's directory"),
+        ({"member_run_dir": "../elsewhere"}, "a path inside the record's directory"),
+        ({"window": {"start": 2.0, "stop": 1.0}}, "'window.stop' must be after window.start"),
+        ({"schema_version": 7}, "schema_version 7 is not supported"),
+    ],
+)
+def test_a_throughput_record_that_does_not_hold_is_refused_in_one_line(changes, words, tmp_path):
+    path = tmp_path / "throughput.json"
+    path.write_text(json.dumps(_throughput_record(**changes)))
+    with pytest.raises(UserError, match=None) as refused:
+        throughput.load(path)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+    assert throughput.validate(_throughput_record(), path)["instances"] == 1
+
+
+def test_mlperf_times_read_past_a_line_cut_by_a_kill(tmp_path):
+    log = tmp_path / "mlperf.log"
+    log.write_text(
+        ':::MLLOG {"key": "init_start", "time_ms": 500}\n'
+        ':::MLLOG {"key": "run_start", "time_ms": 1000}\n'
+        ':::MLLOG {"key": "epoch_st'  # the process was killed while writing
+    )
+    assert throughput.mlperf_times(log) == (1.0, None, None)
+    assert throughput.mlperf_times(tmp_path / "none.log") == (None, None, None)
