@@ -293,6 +293,7 @@ def test_report_gives_the_throughput_its_page_with_the_members_curves(two_instan
     assert f"{one.models_per_minute:.4g} models/min" in text
     assert "instance 0 (seed 10)" in text and "instance 1 (seed 11)" in text  # both curves
     assert text.count("<svg") == 1
+    assert "The nine layers (every instance" in text
 
 
 @pytest.mark.slow

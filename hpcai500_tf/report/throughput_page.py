@@ -11,7 +11,16 @@ from pathlib import Path
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.report import charts
 from hpcai500_tf.report.console import duration, si
-from hpcai500_tf.report.html_parts import card, document, escape, figure, missing, section, table
+from hpcai500_tf.report.html_parts import (
+    card,
+    document,
+    escape,
+    figure,
+    layers_section,
+    missing,
+    section,
+    table,
+)
 from hpcai500_tf.results import throughput
 
 
@@ -38,7 +47,21 @@ def throughput_page(path: Path) -> str:
     title = f"{data['benchmark']} / {data['preset']}: {data['instances']} instances"
     parts = [f"<h1>{escape(title)}</h1>\n", _score_section(path, data)]
     parts.append(_members_section(path, data))
+    parts.append(_layers_section(path, data))
     return document(title, "".join(parts))
+
+
+def _layers_section(path: Path, data: dict) -> str:
+    """The nine layers every instance shares (the first's; seeds apart), or why there are
+    none to show."""
+    records = [throughput.read_member(path.parent, m)["record"] for m in data["members"]]
+    records = [rec for rec in records if rec is not None]
+    if not records:
+        return section("layers", "The nine layers", missing(["no instance wrote a record"]))
+    difference = throughput.layer_difference(records)
+    if difference:
+        return section("layers", "The nine layers", missing([difference]))
+    return layers_section(records[0], "The nine layers (every instance's; seeds apart)")
 
 
 def _score_section(path: Path, data: dict) -> str:
