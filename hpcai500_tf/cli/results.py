@@ -16,8 +16,12 @@ def load_records(paths: list[str]) -> list[tuple[str, dict]]:
 
 def _score(args: argparse.Namespace) -> int:
     from hpcai500_tf import config
+    from hpcai500_tf.report import throughput_view
     from hpcai500_tf.results import scoring
 
+    args.records = throughput_view.score_apart(args)  # throughput records: their own tables
+    if not args.records:
+        return 0
     results = []
     for path, rec in load_records(args.records):
         benchmark = config.load_benchmark(rec["benchmark"])
@@ -38,8 +42,12 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _rank(args: argparse.Namespace) -> int:
+    from hpcai500_tf.report import throughput_view
     from hpcai500_tf.results import scoring
 
+    args.records = throughput_view.rank_apart(args)  # throughput records: ranked apart
+    if not args.records:
+        return 0
     rankings = scoring.rank_records(
         load_records(args.records),
         args.benchmark,

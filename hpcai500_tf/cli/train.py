@@ -27,6 +27,10 @@ def _train(args: argparse.Namespace) -> int:
         check_output_directory("--out", args.out)
     backend = _backend(args)
     backend.check_arguments(device=args.device)
+    if args.instances is not None:  # M runs at once, scored as one throughput
+        from hpcai500_tf.run import instance_launch
+
+        return instance_launch.train(args)
     setup, plan = _setup(args, backend)
     if args.workers is not None:
         from hpcai500_tf.run import launch
@@ -192,6 +196,13 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="start N worker processes on this machine (MultiWorkerMirroredStrategy)",
+    )
+    train.add_argument(
+        "--instances",
+        type=int,
+        metavar="M",
+        help="train M independent instances at once (each its own run; --workers N: N in all), "
+        "scored as one throughput in models per minute (docs/throughput.md)",
     )
     train.add_argument(
         "--tensorboard",

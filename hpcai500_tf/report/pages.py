@@ -20,7 +20,7 @@ from hpcai500_tf import __version__, config
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import check_output_directory
 from hpcai500_tf.record import FLOP_BASES, training_throughput
-from hpcai500_tf.report import charts, leaderboard
+from hpcai500_tf.report import charts, leaderboard, throughput_page
 from hpcai500_tf.report.console import duration, si
 from hpcai500_tf.report.html_parts import (
     INDEX,
@@ -51,7 +51,9 @@ def write_report(arguments: list[str], out: str | Path) -> list[Path]:
     record is refused (UserError) before anything is written; no file is ever overwritten."""
     out = Path(out)
     _check_out(out)
+    found, arguments = throughput_page.split(arguments)  # throughput records: their own pages
     runs = [load_run(argument) for argument in _distinct(arguments)]
+    pages = [(throughput_page.page_name(p), throughput_page.throughput_page(p)) for p in found]
     names = page_names(runs)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +64,7 @@ def write_report(arguments: list[str], out: str | Path) -> list[Path]:
         _write_new(out / name, run_page(run, with_index))
         for run, name in zip(runs, names, strict=True)
     ]
+    written += [_write_new(out / name, text) for name, text in pages]
     if with_index:
         rows, refused = leaderboard.collect(runs)
         leaderboard.system_page_names(rows, set(names) | {INDEX})
