@@ -40,7 +40,7 @@ from hpcai500_tf.mlperf.mllog import MLLogger
 from hpcai500_tf.report import streams
 from hpcai500_tf.report.live import Views
 from hpcai500_tf.report.tensorboard import TensorBoardView
-from hpcai500_tf.run import run_directory, run_state
+from hpcai500_tf.run import data_position, run_directory, run_state, stop
 from hpcai500_tf.run.run_directory import RunDirectory
 from hpcai500_tf.run.run_record import (
     Diverged,
@@ -95,13 +95,15 @@ class Trainer(Protocol):
 
     def count_flops(self) -> dict: ...  # the record's flops block, of the step that runs
     def warm_up(self, checkpoints: bool) -> None: ...  # one step undone (and the writer)
-    def train_batches(self, epochs_done: int) -> Iterator: ...
+    def train_batches(self, epochs_done: int, batches_done: int = 0) -> Iterator: ...
+    def agree_stop(self, local: int) -> int: ...  # several workers: a collective (run/stop.py)
     def train_step(self, batch): ...  # returns the loss (reading it is `loss_value`)
     def loss_value(self, loss) -> float: ...  # syncs the device
     def learning_rate(self) -> float: ...
     def evaluate(self) -> float: ...  # the workload's quality over the evaluation split
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path: ...
-    def read_checkpoint(self, prefix: Path) -> int | None: ...  # the epochs it holds
+    def write_checkpoint(self, prefix: Path, epochs_done: int, batches_done: int) -> Path: ...
+    # the epochs (and batches of the next) it holds: data_position.held reads it
+    def read_checkpoint(self, prefix: Path) -> int | tuple[int, int] | None: ...
     def step_trace(self, log_dir: Path, first: int, last: int) -> StepTrace: ...
     def layers(self) -> dict: ...  # L1-L9 as observed and configured
     def explain(self, error: BaseException) -> Failure | None: ...
@@ -146,6 +148,8 @@ class _SigtermStop:
     """The SIGTERM handler: the first one raises `Terminated` (or, once `defer` is set, while
     the record is written, is only noted); later ones are ignored, as the run is already
     ending (SIGKILL after the scheduler's grace period remains the hard stop)."""
+
+    replaceable = True  # by stop.listening, inside the epoch loop
 
     def __init__(self):
         self.received = False
@@ -196,6 +200,9 @@ def exit_code(record: dict) -> int:
     stopped by SIGTERM, 1 otherwise (Ctrl-C's stopped record included)."""
     if record["status"] == "completed":
         return 0
+    agreed = stop.exit_code_of(record["warnings"])  # an agreed SIGTERM or SIGUSR1 stop
+    if record["status"] == "stopped" and agreed:
+        return agreed
     if record["status"] == "stopped" and any(
         w.startswith(SIGTERM_STOPPED) for w in record["warnings"]
     ):
@@ -244,8 +251,9 @@ def save_checkpoint(trainer: Trainer, run_dir: RunDirectory, progress: Progress)
     moment leaves a state whose checkpoint is whole."""
     run_dir.checkpoints.mkdir(exist_ok=True)
     started = time.monotonic()
-    done = progress.epochs_done
-    prefix = trainer.write_checkpoint(run_dir.checkpoint(done), done)
+    done, batches = progress.epochs_done, progress.batches_done
+    name = data_position.checkpoint_name(done, batches)  # ckpt-N, or ckpt-N-bB mid-epoch
+    prefix = trainer.write_checkpoint(run_dir.checkpoints / name, done, batches)
     progress.checkpoints.append(
         {
             "epoch": progress.epochs_done,
@@ -280,12 +288,14 @@ def restore(trainer: Trainer, run_dir: RunDirectory, fingerprint_now: str) -> Pr
             f"--framework {state['framework']} (or --resume alone)"
         )
     prefix = run_state.checkpoint_prefix(run_dir.path, state)
-    held = trainer.read_checkpoint(prefix)  # None: written before checkpoints held it
-    if held is not None and held != state["epochs_done"]:
+    # None: written before checkpoints held it; (epochs, batches) for a mid-epoch one
+    held = data_position.held(trainer.read_checkpoint(prefix))
+    if held is not None and held[0] != state["epochs_done"]:
         raise UserError(
             f"{run_dir.state}: says {state['epochs_done']} epochs were done, but its "
-            f"checkpoint {prefix} holds {held}: resume refused"
+            f"checkpoint {prefix} holds {held[0]}: resume refused"
         )
+    data_position.check_held(held, state, prefix)
     del state["checkpoint"], state["framework"]
     return Progress(**state)
 
@@ -310,7 +320,9 @@ class Run:
     tensorboard: TensorBoardView | None = None  # the chief's, when on
     trace: StepTrace | None = None
     saved_epochs: int | None = None  # epochs the last checkpoint holds
+    saved_position: tuple[int, int] | None = None  # (epochs, batches) it holds
     clock: Callable[[], float] = time.monotonic  # what checkpoint cadence is measured by
+    stop_request: stop.StopRequest | None = None  # inside the epoch loop: its stop signals
 
     @property
     def rank(self) -> int:
@@ -412,6 +424,7 @@ def prepare(
     if options.resume:
         one.progress = restore(trainer, run_dir, config_id)
         one.saved_epochs = one.progress.epochs_done
+        one.saved_position = (one.progress.epochs_done, one.progress.batches_done)
         one.finished = _record_lost(one)
     else:
         mllog.start("init_start", time_ms=init_start * 1000)
@@ -511,7 +524,9 @@ def timed_run(one: Run, power_hz: float, sigterm: _SigtermStop | None = None) ->
             error = Terminated()
         outcome.status, warning, outcome.peer_lost = classify_failure(error, one)
         one.warnings.append(warning)
-        if isinstance(error, Terminated):
+        if isinstance(error, stop.AgreedStop | stop.ForcedStop):
+            outcome.exit_code = error.exit_code
+        elif isinstance(error, Terminated):
             outcome.exit_code = Terminated.exit_code
         elif isinstance(error, KeyboardInterrupt):
             outcome.interrupted = True
@@ -528,24 +543,20 @@ def train_epochs(one: Run, power=None) -> Progress:
     The chief checkpoints at the epoch ends `checkpoint_due` picks. `power`, a running
     `PowerSampler`, puts the energy so far into each; the caller stops it and adds the last
     segment's energy after this returns."""
-    t, progress = one.setup.training, one.progress
-    batches = one.trainer.train_batches(progress.epochs_done)
+    progress = one.progress
+    batches = one.trainer.train_batches(progress.epochs_done, progress.batches_done)
     segment_start, last_checkpoint = time.time(), one.clock()
     if progress.run_start is None:
         progress.run_start = segment_start
         one.mllog.start("run_start", time_ms=segment_start * 1000)
     try:
-        for epoch in range(progress.epochs_done, t.epochs):
-            train_epoch(one, epoch, batches, segment_start)
-            if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
-                evaluate(one, epoch, segment_start)
-            if (
-                one.chief
-                and one.run_dir
-                and checkpoint_due(t, epoch + 1, one.clock() - last_checkpoint)
-            ):
-                checkpoint(one, segment_start, power)
-                last_checkpoint = one.clock()
+        with stop.listening() as one.stop_request:
+            _train_to_the_budget(one, batches, segment_start, last_checkpoint, power)
+    except stop.AgreedStop:  # every worker stopped after the same step: keep it
+        one.stop_request.defer = True
+        if one.chief and one.run_dir and one.saved_position != _position(progress):
+            checkpoint(one, segment_start, power)
+        raise
     finally:
         progress.segments.append({"start": segment_start, "stop": time.time()})
         if one.trace:
@@ -553,18 +564,41 @@ def train_epochs(one: Run, power=None) -> Progress:
     return progress
 
 
+def _position(progress: Progress) -> tuple[int, int]:
+    return progress.epochs_done, progress.batches_done
+
+
+def _train_to_the_budget(one: Run, batches, segment_start, last_checkpoint, power) -> None:
+    """The epochs left, each evaluated and checkpointed as the config says."""
+    t = one.setup.training
+    for epoch in range(one.progress.epochs_done, t.epochs):
+        train_epoch(one, epoch, batches, segment_start)
+        if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
+            evaluate(one, epoch, segment_start)
+        if (
+            one.chief
+            and one.run_dir
+            and checkpoint_due(t, epoch + 1, one.clock() - last_checkpoint)
+        ):
+            checkpoint(one, segment_start, power)
+            last_checkpoint = one.clock()
+
+
 def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -> None:
     """One epoch's steps, the loss read (and checked) every `LOG_EVERY` steps and at the end."""
     trainer, view, trace, mllog = one.trainer, one.view, one.trace, one.mllog
     steps, batch = trainer.steps_per_epoch, trainer.global_batch
-    mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
-    mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
+    start = one.progress.batches_done  # > 0: resumed where a stop left this epoch
+    if not start:  # else logged by the segment the stop ended
+        mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
+        mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
     if view:
         view.epoch_start(epoch + 1, one.setup.training.epochs, steps)
     epoch_start = time.time()
     first_step = epoch * steps  # global steps before this epoch's
     value = math.nan
-    for step in range(steps):
+    for step in range(start, steps):
+        _stop_if_agreed(one, epoch, step, start)
         examples = next(batches)
         if trace:
             trace.before(first_step + step + 1)
@@ -576,12 +610,12 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
             if not math.isfinite(value):
                 raise diverged(value, epoch + 1, step + 1)
             if view:
-                rate = (step + 1) * batch / (time.time() - epoch_start)
+                rate = (step + 1 - start) * batch / (time.time() - epoch_start)
                 view.step(step + 1, value, trainer.learning_rate(), rate)
     seconds = time.time() - epoch_start
     progress = one.progress
-    progress.examples += steps * batch
-    progress.epochs_done = epoch + 1
+    progress.examples += (steps - start) * batch
+    progress.epochs_done, progress.batches_done = epoch + 1, 0
     progress.epochs.append(
         {
             "epoch": epoch + 1,
@@ -595,6 +629,20 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     mllog.end("epoch_stop", metadata={"epoch_num": epoch + 1})
     if view:
         view.epoch_end(epoch + 1, value, steps * batch / seconds)
+
+
+def _stop_if_agreed(one: Run, epoch: int, step: int, start: int) -> None:
+    """Before step `step` of `epoch`: raise `stop.AgreedStop` where the workers agree that a
+    stop signal came (one worker: where it came), with the progress at this step boundary."""
+    request = one.stop_request
+    local = request.signum if request else 0
+    agreed = local if one.workers == 1 else one.trainer.agree_stop(local)
+    if not agreed:
+        return
+    progress = one.progress
+    progress.examples += (step - start) * one.trainer.global_batch
+    progress.batches_done = step
+    raise stop.AgreedStop(agreed, local=local == agreed)
 
 
 def evaluate(one: Run, epoch: int, segment_start: float) -> None:
@@ -632,6 +680,7 @@ def checkpoint(one: Run, segment_start: float, power) -> None:
     save_checkpoint(one.trainer, one.run_dir, snapshot)
     progress.checkpoints = snapshot.checkpoints
     one.saved_epochs = snapshot.epochs_done
+    one.saved_position = _position(snapshot)
 
 
 def classify_failure(error: BaseException, one: Run) -> tuple[str, str, bool]:
@@ -639,6 +688,8 @@ def classify_failure(error: BaseException, one: Run) -> tuple[str, str, bool]:
     where = one.run_dir or "RUN_DIR (the chief's run directory)"
     if isinstance(error, Diverged):
         return "diverged", str(error), False
+    if isinstance(error, stop.AgreedStop):  # every worker after the same step: all still here
+        return "stopped", _agreed_stop_warning(error, one, where), False
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
         saved = one.saved_epochs
         if not one.chief:  # the chief writes the checkpoints
@@ -669,6 +720,19 @@ def classify_failure(error: BaseException, one: Run) -> tuple[str, str, bool]:
     # A defect: still a record, and its traceback beside it.
     logged = _write_traceback(one.run_dir if one.chief else None)
     return "failed", f"the run failed: {error.__class__.__name__}: {error}{logged}", False
+
+
+def _agreed_stop_warning(error: stop.AgreedStop, one: Run, where) -> str:
+    """What an agreed stop's record says: the signal, the position, how to resume."""
+    done, batches = one.progress.epochs_done, one.progress.batches_done
+    if not one.chief:
+        resume = f"resume with --resume {where} (from the chief's checkpoint at the stop)"
+    elif one.saved_position == (done, batches):
+        at = data_position.checkpoint_name(done, batches)
+        resume = f"its checkpoint {at} was written at the stop: resume with --resume {where}"
+    else:  # no run directory to write it in
+        resume = "no checkpoint was written at the stop: it cannot be resumed from there"
+    return stop.warning(error, done, batches, resume)
 
 
 def _stop_sampling(one: Run, sampler) -> None:

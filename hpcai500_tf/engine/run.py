@@ -21,10 +21,12 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.loop import Engine
+from hpcai500_tf.engine.stop_vote import StopVote
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.lifecycle import Failure, RunOptions
 from hpcai500_tf.lifecycle import run as run_lifecycle
 from hpcai500_tf.measure.flops import count_function
+from hpcai500_tf.run import data_position
 from hpcai500_tf.run.run_record import fingerprint
 from hpcai500_tf.workloads import build_workload
 
@@ -81,9 +83,27 @@ class TensorFlowTrainer:
         self.engine.warm_up(self.zero_batch)
         if checkpoints:
             self.engine.warm_up_checkpoints()
+        if self.workers > 1:  # traced (and its collective made) before the timed run
+            self.agree_stop(0)
 
-    def train_batches(self, epochs_done: int):
-        return self.engine.train_batches(seed_offset=epochs_done)
+    def train_batches(self, epochs_done: int, batches_done: int = 0):
+        """Every epoch's own stream, seeded by its epoch (data_position.py)."""
+        t = self.setup.training
+
+        def open_epoch(epoch: int, skip: int):
+            offset = data_position.epoch_seed(t.seed, epoch) - t.seed
+            return self.engine.train_batches(seed_offset=offset, skip=skip)
+
+        return data_position.epoch_batches(
+            open_epoch, epochs_done, batches_done, t.epochs, self.steps_per_epoch
+        )
+
+    @functools.cached_property
+    def _stop_vote(self) -> StopVote:
+        return StopVote(self.engine.strategy)
+
+    def agree_stop(self, local: int) -> int:
+        return self._stop_vote.agree(local)
 
     def train_step(self, batch):
         return self.engine.train_step(*batch)
@@ -97,10 +117,10 @@ class TensorFlowTrainer:
     def evaluate(self) -> float:
         return self.engine.evaluate()
 
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
-        return self.engine.write_checkpoint(prefix, epochs_done)
+    def write_checkpoint(self, prefix: Path, epochs_done: int, batches_done: int = 0) -> Path:
+        return self.engine.write_checkpoint(prefix, epochs_done, batches_done)
 
-    def read_checkpoint(self, prefix: Path) -> int | None:
+    def read_checkpoint(self, prefix: Path) -> tuple[int, int] | None:
         return self.engine.read_checkpoint(prefix)
 
     def step_trace(self, log_dir: Path, first: int, last: int):
