@@ -5,11 +5,15 @@ uninterrupted run trains on, to the same weights."""
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hpcai500_tf import config
+from hpcai500_tf import config, record
 from hpcai500_tf import lifecycle as life
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import data_position, run_state, stop
@@ -83,6 +87,7 @@ def _stopped_then_resumed(tmp_path, framework, at_step, signum=signal.SIGINT):
     return stopped, path.parent, resumed, resuming, plain, whole
 
 
+@pytest.mark.slow  # three tiny runs: 1-2 minutes each framework on 2 busy cores
 @pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
 def test_a_sigint_mid_epoch_checkpoints_there_and_resume_ends_as_an_uninterrupted_run(
     tmp_path, framework, request
@@ -182,3 +187,72 @@ def test_the_stop_modules_import_no_framework():
 def test_a_saved_record_still_names_a_stop_by_sigterm():
     warnings = [stop.WHY[signal.SIGTERM] + " after 1 epoch(s) and 2 batch(es) of the next; ..."]
     assert life.exit_code({"status": "stopped", "warnings": warnings}) == 143
+
+
+def _worker_pids(launcher: int) -> dict[int, int]:
+    """The launcher's workers, by rank (TF_CONFIG's task index, or RANK)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    ranks = {}
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+        if "TF_CONFIG" in env:
+            ranks[json.loads(env["TF_CONFIG"])["task"]["index"]] = pid
+        elif "RANK" in env:
+            ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, framework, request):
+    """SIGTERM to worker 1 alone, mid-run: both workers stop after the same step, the chief
+    writes one stopped record (energy gathered: no worker was left in a collective) and its
+    checkpoint, both exit within the bound, and the run resumes to completion."""
+    if framework == "pytorch":
+        request.getfixturevalue("torch_installed")
+    out = tmp_path / "runs"
+    command = [sys.executable, "-m", "hpcai500_tf.cli", "train", "image_classification",
+               "--preset", "tiny", "--set", "training.epochs=40", "--set",
+               "training.checkpoint_every=0", "--workers", "2", "--power-hz", "0",
+               "--framework", framework, "--out", str(out)]  # fmt: skip
+    with (tmp_path / "stderr").open("w") as stderr:
+        launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and launcher.poll() is None:
+            logs = list(out.glob("*/mlperf.log"))
+            if logs and logs[0].read_text().count('"epoch_start"') >= 2:
+                break
+            time.sleep(0.05)
+        assert launcher.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
+        workers = _worker_pids(launcher.pid)
+        sent = time.monotonic()
+        os.kill(workers[1], signal.SIGTERM)
+        code = launcher.wait(120)
+        seconds = time.monotonic() - sent
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(30)
+    print(f"{framework}: SIGTERM to worker 1 -> every worker exited in {seconds:.1f} s")
+    err = (tmp_path / "stderr").read_text()
+    assert code == 143, f"exit status {code}; stderr: {err[-2000:]}"
+    assert seconds < 30, f"{seconds:.1f} s from the signal to the last exit"
+    (run_dir,) = out.glob("*")
+    stopped = record.load(run_dir / "record.json")
+    assert stopped["status"] == "stopped", stopped["warnings"]
+    (warning,) = [w for w in stopped["warnings"] if w.startswith(stop.WHY[signal.SIGTERM])]
+    assert "(sent to another worker)" in warning and "was written at the stop" in warning
+    state = run_state.check_resumable(run_dir, 40)
+    assert state["checkpoint"].endswith(
+        data_position.checkpoint_name(state["epochs_done"], state["batches_done"])
+    )
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hpcai500_tf.cli", "train", "--resume", str(run_dir),
+         "--workers", "2", "--power-hz", "0"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    done = record.load(run_dir / "record.json")
+    assert done["status"] == "completed" and done["timeline"]["epochs"][-1]["examples"] == 40 * 256
