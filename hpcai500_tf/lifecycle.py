@@ -364,7 +364,7 @@ def run(
     """Run the benchmark with the trainer `build` makes; returns (record, record path), or
     (None, None) on a worker other than the chief (worker 0 writes the one record)."""
     init_start = time.time()
-    with stop_on_sigterm() as sigterm, contextlib.ExitStack() as held:
+    with stop_on_sigterm() as sigterm, stop.noting(), contextlib.ExitStack() as held:
         unlocked = None  # a note where the filesystem cannot lock the run directory
         if options.resume:  # before the framework starts, and again on every worker
             resumed = RunDirectory(options.resume)
@@ -598,7 +598,7 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     first_step = epoch * steps  # global steps before this epoch's
     value = math.nan
     for step in range(start, steps):
-        _stop_if_agreed(one, epoch, step, start)
+        _stop_if_agreed(one, step, start)
         examples = next(batches)
         if trace:
             trace.before(first_step + step + 1)
@@ -631,9 +631,10 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
         view.epoch_end(epoch + 1, value, steps * batch / seconds)
 
 
-def _stop_if_agreed(one: Run, epoch: int, step: int, start: int) -> None:
-    """Before step `step` of `epoch`: raise `stop.AgreedStop` where the workers agree that a
-    stop signal came (one worker: where it came), with the progress at this step boundary."""
+def _stop_if_agreed(one: Run, step: int, start: int) -> None:
+    """Before step `step` of the epoch (this segment began it at `start`): raise
+    `stop.AgreedStop` where the workers agree that a stop signal came (one worker: where it
+    came), with the progress at this step boundary."""
     request = one.stop_request
     local = request.signum if request else 0
     agreed = local if one.workers == 1 else one.trainer.agree_stop(local)

@@ -56,6 +56,8 @@ class StopRequest:
     """The handler of the stop signals: the first only sets `signum`; a second raises
     `ForcedStop` (unless `defer`: the run is already writing what it keeps)."""
 
+    replaceable = True  # `noting`'s, by the loop's `listening`
+
     def __init__(self):
         self.signum = 0  # 0: no stop asked for on this worker
         self.defer = False
@@ -67,6 +69,23 @@ class StopRequest:
             raise ForcedStop(signum)
 
 
+_noted = StopRequest()  # a stop signal `noting` kept before the epoch loop listened
+
+
+@contextlib.contextmanager
+def noting(signals: Sequence[int] = (signal.SIGUSR1,)) -> Iterator[None]:
+    """While inside, `signals` (whose default action ends the process) are only noted, and
+    the epoch loop's `listening` takes the first one over: Slurm's warning during start-up
+    stops the run after its first step, checkpointed."""
+    _noted.signum = 0
+    _noted.defer = True  # never raises: start-up has no step boundary to wait for
+    with _installed(_noted, signals):
+        try:
+            yield
+        finally:
+            _noted.signum = 0
+
+
 @contextlib.contextmanager
 def listening(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[StopRequest]:
     """A `StopRequest` in place for `signals` while inside (main thread only: Python runs
@@ -74,8 +93,15 @@ def listening(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[StopRequest]:
     A handler of the caller's own (not Python's or the lifecycle's defaults) is kept too: only
     SIG_DFL, Python's SIGINT default and a handler marked `replaceable` are replaced."""
     request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
+    request.signum, _noted.signum = _noted.signum, 0
+    with _installed(request, signals):
         yield request
+
+
+@contextlib.contextmanager
+def _installed(request: StopRequest, signals: Sequence[int]) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
     previous = {}
     for signum in signals:
@@ -85,7 +111,7 @@ def listening(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[StopRequest]:
         ):
             previous[signum] = signal.signal(signum, request)
     try:
-        yield request
+        yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
