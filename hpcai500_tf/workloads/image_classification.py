@@ -153,18 +153,24 @@ class ImageClassification:
                 shard, shuffle_seed=seed,
             )  # fmt: skip
         # With data.cache, every stream of a split (each epoch's, each evaluation) reads the
-        # one cached dataset of its records, which the first pass filled.
-        key = (training, tuple(shard))
-        records = self._cached.get(key)
+        # one cached dataset of its records, which the first pass filled; every evaluation
+        # iterates the same dataset.
+        key = (training, seed if not training else None, tuple(shard))
+        if key in self._cached:
+            return self._cached[key]
+        records = self._cached.get((training, tuple(shard)))
         if records is None:
             records = imagenet.imagenet_records(
                 self.data_dir, training, seed, shard, cache=d.cache, cache_dir=d.cache_dir
             )
-            if d.cache:
-                self._cached[key] = records
-        return imagenet.decoded(
+        dataset = imagenet.decoded(
             records, training, d.image_size, d.label_offset, seed, d.shuffle_buffer
         )
+        if d.cache:
+            self._cached[(training, tuple(shard))] = records
+            if not training:
+                self._cached[key] = dataset
+        return dataset
 
     def data_warnings(self, workers: int) -> list[str]:
         """What the record should say about reading this data with `workers` workers."""
