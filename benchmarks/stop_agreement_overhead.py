@@ -47,7 +47,8 @@ def worker(args) -> None:
     from hpcai500_tf.engine.cluster import strategy_overrides
     from hpcai500_tf.lifecycle import RunOptions
 
-    overrides = [*args.set, *strategy_overrides(False, args.framework)]
+    # epochs enough for every block (each epoch is its own stream: train_batches ends)
+    overrides = ["training.epochs=1000", *args.set, *strategy_overrides(False, args.framework)]
     setup = config.run_setup("image_classification", args.preset, overrides, None)
     if args.framework == "tensorflow":
         from hpcai500_tf.engine.run import build_trainer
