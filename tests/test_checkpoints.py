@@ -59,7 +59,7 @@ class IdleTrainer:
     def __init__(self, seconds: float):
         self.now, self.seconds, self.written = 0.0, seconds, []
 
-    def train_batches(self, epochs_done):
+    def train_batches(self, epochs_done, batches_done=0):
         return itertools.repeat(None)
 
     def train_step(self, batch):
@@ -69,7 +69,7 @@ class IdleTrainer:
     def loss_value(self, loss):
         return loss
 
-    def write_checkpoint(self, prefix, epochs_done):
+    def write_checkpoint(self, prefix, epochs_done, batches_done=0):
         prefix.with_name(prefix.name + ".index").write_text("")
         self.written.append(epochs_done)
         return prefix

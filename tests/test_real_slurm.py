@@ -504,7 +504,8 @@ def test_the_sbatch_starts_the_tasks_of_its_layout_on_their_gpus(real_slurm, tmp
         framework = ["--framework", "pytorch"] if pytorch else []
         assert task["argv"] == [
             "train", "image_classification", *framework, "--preset", "reference",
-            "--data", "/data/imagenet", "--out", "/shared/runs", "--set", "training.epochs=2",
+            "--data", "/data/imagenet", "--resume-or-start", f"/shared/runs/slurm-{job}",
+            "--set", "training.epochs=2",
         ]  # fmt: skip
         # Slurm's own binding: this task's GPU only; otherwise every GPU of its node
         # (--gpu-bind=none: Slurm sets no CUDA_VISIBLE_DEVICES, so CUDA sees the node's)
@@ -628,3 +629,39 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
     assert record["warnings"][0].startswith("stopped by SIGTERM"), record["warnings"]
     for task, node in ((0, "node9"), (1, "node10")):
         assert f"{node}: task {task}: Exited with exit code 143" in output, output
+
+
+@pytest.mark.slow
+def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_slurm, tmp_path):
+    """The shipped sbatch with a real `hpcai500-tf train` (the tiny preset; the wrapper keeps
+    the sbatch's --resume-or-start RUN_DIR), two tasks: SIGUSR1 to the batch script mid-run
+    (what --signal=B:USR1@300 sends before the time limit) stops both tasks after the same
+    step at a checkpoint, the script requeues the job, and its second start resumes the run
+    to a completed record of two segments."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "hpcai500-tf").write_text(
+        "#!/bin/sh\n"
+        "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --resume-or-start ] && dir=$2; shift; done\n'
+        f"exec {CLI} train image_classification --preset tiny --set training.epochs=30 "
+        '--set training.checkpoint_every=0 --power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
+    )
+    (bin_dir / "hpcai500-tf").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
+    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", str(out / "runs"), env=env)
+    _wait_for(
+        "the end of epoch 1", lambda: "eval after epoch 1" in real_slurm.job_output(job), 180,
+        lambda: real_slurm.job_output(job) + real_slurm.logs(),
+    )  # fmt: skip
+    real_slurm.on("node9", "scancel", "--signal=USR1", "--batch", job)
+    state, code = real_slurm.finished(job, limit_s=600)
+    output = real_slurm.job_output(job)
+    assert (state, code) == ("COMPLETED", 0), f"{state} {code}{output}"
+    assert "segment 1 stopped at its checkpoint; requeued" in output, output
+    assert "not requeued: no SIGUSR1 came" in output, output
+    record = json.loads((out / "runs" / f"slurm-{job}" / "record.json").read_text())
+    assert record["status"] == "completed", record["warnings"]
+    assert len(record["timeline"]["segments"]) == 2
+    assert record["timeline"]["epochs"][-1]["examples"] == 30 * 256

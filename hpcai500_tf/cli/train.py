@@ -19,10 +19,12 @@ def _train(args: argparse.Namespace) -> int:
     from hpcai500_tf.energy.sampler import check_rate
     from hpcai500_tf.files import check_output_directory
     from hpcai500_tf.report.streams import keep_console
+    from hpcai500_tf.run import segments
     from hpcai500_tf.run.status import WorkerRunEnded
 
     keep_console()  # a console that goes away (`| head`) ends the output, never the run
     check_rate("--power-hz", args.power_hz, may_be_off=True)
+    segments.resolve(args)  # --resume-or-start: --resume, or a new run in that directory
     if not args.resume:
         check_output_directory("--out", args.out)
     backend = _backend(args)
@@ -230,6 +232,12 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
         default="auto",
         help="with --framework pytorch: auto (default) trains on the GPU where torch sees one, "
         "else the CPU (refused where this machine's NVIDIA GPUs are not usable by this torch)",
+    )
+    train.add_argument(
+        "--resume-or-start",
+        metavar="RUN_DIR",
+        help="resume the run in RUN_DIR, or start one there: every segment of a job that "
+        "requeues itself (tools/slurm_train.sbatch)",
     )
     train.add_argument("--run-dir", help=argparse.SUPPRESS)  # set by the --workers launcher
     train.set_defaults(handler=_train)

@@ -154,6 +154,21 @@ def imagenet_dataset(
     `cache` keeps the worker's serialized records after the first full pass, before the
     shuffle buffer and decoding (crops and order still vary by epoch; the file order is the
     first pass's): in memory, or in files under `cache_dir` (`cache_prefix`)."""
+    dataset = imagenet_records(data_dir, training, seed, shard, cache, cache_dir)
+    return decoded(dataset, training, image_size, label_offset, seed, shuffle_buffer)
+
+
+def imagenet_records(
+    data_dir: str | Path,
+    training: bool,
+    seed: int,
+    shard: tuple[int, int] = (1, 0),
+    cache: bool = False,
+    cache_dir: str = "",
+) -> tf.data.Dataset:
+    """The serialized records of one worker's shard (its files shuffled by `seed` when
+    training), cached where `cache` says: the part of `imagenet_dataset` an epoch's stream
+    may share with the others (`decoded` shuffles and decodes each epoch by its own seed)."""
     split = "train" if training else "validation"
     files = shard_files(data_dir, split)
     dataset, files_here, read = worker_records(files, *shard)
@@ -165,6 +180,18 @@ def imagenet_dataset(
     if cache:
         prefix = cache_prefix(cache_dir, data_dir, split, files, shard) if cache_dir else ""
         dataset = dataset.cache(prefix)
+    return dataset
+
+
+def decoded(
+    dataset: tf.data.Dataset,
+    training: bool,
+    image_size: int,
+    label_offset: int,
+    seed: int,
+    shuffle_buffer: int = 10_000,
+) -> tf.data.Dataset:
+    """`imagenet_records`' records shuffled (training, by `seed`) and decoded."""
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return dataset.map(

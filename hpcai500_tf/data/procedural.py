@@ -47,12 +47,15 @@ def procedural_dataset(
     noise: float,
     training: bool,
     shard: tuple[int, int] = (1, 0),
+    shuffle_seed: int | None = None,
 ) -> tf.data.Dataset:
-    """Examples [0, examples) of the split; training shuffles each epoch (seeded)."""
+    """Examples [0, examples) of the split, drawn by `seed`; training shuffles each epoch,
+    seeded by `shuffle_seed` (default `seed`)."""
     offset = 0 if training else EVAL_SEED_OFFSET
     indices = tf.data.Dataset.range(examples).shard(*shard)
     if training:
-        indices = indices.shuffle(examples, seed=seed, reshuffle_each_iteration=True)
+        order = seed if shuffle_seed is None else shuffle_seed
+        indices = indices.shuffle(examples, seed=order, reshuffle_each_iteration=True)
     return indices.map(
         lambda i: procedural_example(i + offset, seed, image_size, num_classes, noise),
         num_parallel_calls=tf.data.AUTOTUNE,

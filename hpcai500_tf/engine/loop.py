@@ -81,9 +81,12 @@ class Engine:
         self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
         # The epochs a checkpoint holds, in it: a resume checks state.json against it.
         self.checkpoint_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+        # and the batches done in the next epoch (a stop's checkpoint, mid-epoch)
+        self.checkpoint_batches = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, epochs_done=self.checkpoint_epochs
-        )
+            model=self.model, optimizer=self.optimizer, epochs_done=self.checkpoint_epochs,
+            batches_done=self.checkpoint_batches,
+        )  # fmt: skip
         # Written by a traced function: an eager write walks every object in Python each time
         # (0.2-0.4 s for ResNet-50 here); the traced one only runs its save ops (~0.03 s).
         self._write_checkpoint = tf.function(
@@ -145,7 +148,7 @@ class Engine:
 
     # ------------------------------------------------------------------ data
 
-    def _dataset(self, training: bool, seed: int):
+    def _dataset(self, training: bool, seed: int, skip: int = 0):
         def dataset_fn(context: tf.distribute.InputContext):
             batch = context.get_per_replica_batch_size(self.global_batch)
             dataset = self.workload.dataset(
@@ -157,12 +160,17 @@ class Engine:
             options = tf.data.Options()
             options.deterministic = self.training.deterministic
             dataset = dataset.with_options(options)
-            return dataset.batch(batch, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+            dataset = dataset.batch(batch, drop_remainder=training)
+            if skip:  # a resumed epoch's batches trained before the stop
+                dataset = dataset.skip(skip)
+            return dataset.prefetch(tf.data.AUTOTUNE)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def train_batches(self, seed_offset: int = 0):
-        return iter(self._dataset(True, self.training.seed + seed_offset))
+    def train_batches(self, seed_offset: int = 0, skip: int = 0):
+        """The training stream seeded `training.seed + seed_offset`, its first `skip` batches
+        dropped."""
+        return iter(self._dataset(True, self.training.seed + seed_offset, skip))
 
     def check_data(self, view=None) -> list[str]:
         """Refuse training data whose images do not fit the model: the workload's input shape
@@ -259,36 +267,42 @@ class Engine:
         with tempfile.TemporaryDirectory(prefix="hpcai500-warm-up-") as scratch:
             self._write_checkpoint(str(Path(scratch) / "ckpt"))
 
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
-        """The model and optimizer, with the epochs they hold, under `prefix` (its index and
-        data files); returns the prefix written."""
+    def write_checkpoint(self, prefix: Path, epochs_done: int, batches_done: int = 0) -> Path:
+        """The model and optimizer, with the epochs (and batches of the next) they hold, under
+        `prefix` (its index and data files); returns the prefix written."""
         self.checkpoint_epochs.assign(epochs_done)
+        self.checkpoint_batches.assign(batches_done)
         return Path(self._write_checkpoint(str(prefix)).numpy().decode())
 
-    def read_checkpoint(self, prefix: Path) -> int | None:
+    def read_checkpoint(self, prefix: Path) -> tuple[int, int] | None:
         """The model and optimizer of the checkpoint at `prefix`, every tensor checked against
-        its checksum first; returns the epochs it holds (None: written before it held them)."""
-        held = self._verify_checkpoint(prefix)
-        checkpoint = self.checkpoint
-        if held is None:  # written before checkpoints held their epochs
-            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        its checksum first; returns the (epochs, batches of the next) it holds (None: written
+        before it held them)."""
+        held, batches = self._verify_checkpoint(prefix)
+        objects = {"model": self.model, "optimizer": self.optimizer}
+        if held is not None:  # else written before checkpoints held their epochs
+            objects["epochs_done"] = self.checkpoint_epochs
+        if batches is not None:  # else written before they held a stop's batches
+            objects["batches_done"] = self.checkpoint_batches
+        checkpoint = tf.train.Checkpoint(**objects)
         try:
             checkpoint.read(str(prefix)).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, TypeError, IndexError, AssertionError) as error:
             raise checkpoint_unrestorable(prefix, error) from None
-        return held
+        return None if held is None else (held, batches or 0)
 
     @staticmethod
-    def _verify_checkpoint(prefix: Path) -> int | None:
+    def _verify_checkpoint(prefix: Path) -> tuple[int | None, int | None]:
         """Read every tensor of the checkpoint at `prefix` (TensorFlow checks each one's
-        checksum as it reads it); returns the epochs it holds (None: written before it held
-        them). A damaged one is one line naming it."""
-        key = "epochs_done/.ATTRIBUTES/VARIABLE_VALUE"
+        checksum as it reads it); returns the epochs and batches it holds (each None: written
+        before it held them). A damaged one is one line naming it."""
+        keys = ("epochs_done/.ATTRIBUTES/VARIABLE_VALUE", "batches_done/.ATTRIBUTES/VARIABLE_VALUE")
         try:
             reader = tf.train.load_checkpoint(str(prefix))
             for name in reader.get_variable_to_dtype_map():
                 reader.get_tensor(name)
-            return int(reader.get_tensor(key)) if reader.has_tensor(key) else None
+            held = [int(reader.get_tensor(k)) if reader.has_tensor(k) else None for k in keys]
+            return held[0], held[1]
         except (tf.errors.OpError, ValueError, TypeError, IndexError, RuntimeError) as error:
             raise checkpoint_damaged(prefix, error) from None
 

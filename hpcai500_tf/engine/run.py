@@ -9,6 +9,7 @@ other TensorFlow op runs, then data and model.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -20,8 +21,10 @@ from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.engine.loop import Engine
+from hpcai500_tf.engine.stop_vote import StopVote
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
+from hpcai500_tf.run import data_position
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.progress import fingerprint
@@ -84,6 +87,30 @@ class TensorFlowTrainer(Engine, Trainer):
 
     def count_flops(self) -> dict:
         return measure_flops(self, self.zero_batch)
+
+    def warm_up(self, checkpoints: bool = False) -> None:
+        super().warm_up(checkpoints)
+        if self.workers > 1:  # traced (and its collective made) before the timed run
+            self.agree_stop(0)
+
+    def train_batches(self, epochs_done: int = 0, batches_done: int = 0):
+        """Every epoch's own stream, seeded by its epoch (run/data_position.py)."""
+        t = self.setup.training
+
+        def open_epoch(epoch: int, skip: int):
+            offset = data_position.epoch_seed(t.seed, epoch) - t.seed
+            return Engine.train_batches(self, seed_offset=offset, skip=skip)
+
+        return data_position.epoch_batches(
+            open_epoch, epochs_done, batches_done, t.epochs, self.steps_per_epoch
+        )
+
+    @functools.cached_property
+    def _stop_vote(self) -> StopVote:
+        return StopVote(self.strategy)
+
+    def agree_stop(self, local: int) -> int:
+        return self._stop_vote.agree(local)
 
     def loss_value(self, loss) -> float:
         return float(loss)

@@ -20,6 +20,7 @@ slot numbers on a pipe: one copy into the slot, one out of it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import re
 import signal
@@ -31,6 +32,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.run import data_position
 
 SLOTS = 3  # batches in flight per stream: one being read, two being filled
 
@@ -145,16 +147,19 @@ class Feeder:
             raise FeederError(value)
         return value
 
-    def batches(self, training: bool, seed: int):
+    def batches(self, training: bool, seed: int, epochs: tuple[int, int, int, int] | None = None):
         """(images NHWC float32, labels int64, count) views into shared memory, each valid
         until the next one is asked for; training streams repeat forever, evaluation ends.
+        `epochs` (epochs done, batches done in the next, epochs, steps per epoch): a training
+        stream of every epoch's own, seeded by `data_position.epoch_seed(seed, epoch)`,
+        from that position to the last epoch.
         The stream opens now (its dataset built in the data process, its first batches asked
         for), as a TensorFlow iterator starts when it is made, not at its first batch."""
         stream = self._streams
         self._streams += 1
         memory = shared_memory.SharedMemory(create=True, size=self._slot_bytes * SLOTS)
         self._memory.append(memory)
-        self._send("open", stream, training, seed, memory.name)
+        self._send("open", stream, training, seed, memory.name, epochs)
         self._reply(stream)
         for slot in range(SLOTS):  # the child fills every slot ahead of the reader
             self._send("next", stream, slot)
@@ -222,8 +227,12 @@ def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)
         stream = message[1]
         try:
             if kind == "open":
-                _, _, training, seed, name = message
-                iterator = _iterator(tf, workload, training, seed, shard, batch, deterministic)
+                _, _, training, seed, name, epochs = message
+                stream_of = functools.partial(_iterator, tf, workload, shard, batch, deterministic)
+                if epochs is None:
+                    iterator = stream_of(training, seed)
+                else:
+                    iterator = _epoch_streams(stream_of, seed, epochs)
                 streams[stream] = (iterator, shared_memory.SharedMemory(name=name))
                 splits[stream] = "train" if training else "validation"
                 pipe.send((stream, "ok", None))
@@ -290,9 +299,18 @@ def _facts(workload, shard) -> dict:
     }
 
 
-def _iterator(tf, workload, training, seed, shard, batch, deterministic):
+def _epoch_streams(stream_of, seed: int, epochs: tuple[int, int, int, int]):
+    """Every epoch's own training stream, by its seed, from the position `epochs` names."""
+
+    def open_epoch(epoch: int, skip: int):
+        return stream_of(True, data_position.epoch_seed(seed, epoch), skip)
+
+    return data_position.epoch_batches(open_epoch, *epochs)
+
+
+def _iterator(tf, workload, shard, batch, deterministic, training, seed, skip=0):
     """A stream's batches as numpy arrays: the workload's dataset, this worker's shard of it,
-    batched and normalised; training repeats forever."""
+    batched and normalised, the first `skip` dropped; training repeats forever."""
     dataset = workload.dataset(training, seed, shard)
     if training:
         dataset = dataset.repeat()
@@ -300,8 +318,10 @@ def _iterator(tf, workload, training, seed, shard, batch, deterministic):
     options.deterministic = deterministic
     dataset = dataset.with_options(options)
     dataset = dataset.batch(batch, drop_remainder=training)
-    # The workload's uint8 pixels become the model's normalised float32 input here,
-    # in this process (the TensorFlow engine does it on its device, in the step).
+    if skip:  # a resumed epoch's batches trained before the stop
+        dataset = dataset.skip(skip)
+    # The workload's uint8 pixels become the model's normalised float32 input here, in this
+    # process (the TensorFlow engine does it on its device, in the step).
     dataset = dataset.map(
         lambda images, labels: (workload.model_inputs(images), labels),
         num_parallel_calls=tf.data.AUTOTUNE,

@@ -46,6 +46,7 @@ from hpcai500_tf.pytorch.build import (
     nvidia_gpus_present,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
+from hpcai500_tf.pytorch.stop_vote import StopVote
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.progress import fingerprint
@@ -241,6 +242,7 @@ class TorchTrainer(Trainer):
         )
         self.initial_loss_scale = 2.0**16 if self.scaler.is_enabled() else None
         self.step = 0
+        self._stop_vote = None  # made at the first step boundary of a multi-worker run
         if self.mixed:
             check_mixed_precision(torch, self.device, self.precision)
 
@@ -260,9 +262,23 @@ class TorchTrainer(Trainer):
                 torch.from_numpy(labels).to(self.device, copy=True),
             )
 
-    def train_batches(self, epochs_done: int):
-        """The training stream, seeded as the TensorFlow engine's (seed + epochs done)."""
-        return self._batches(True, self.setup.training.seed + epochs_done)
+    def train_batches(self, epochs_done: int, batches_done: int = 0):
+        """The training stream from this position on, every epoch's own, seeded as the
+        TensorFlow engine's (run/data_position.py)."""
+        t = self.setup.training
+        position = (epochs_done, batches_done, t.epochs, self.steps_per_epoch)
+        return self._on_device(self.feeder.batches(True, t.seed, position))
+
+    def agree_stop(self, local: int) -> int:
+        """The stop every worker agrees on (run/stop.py); at a stop mid-epoch, every worker's
+        batch-norm statistics averaged first, as at an epoch's end (their running means are
+        linear in them, so a resumed run's next average is an uninterrupted run's)."""
+        if self._stop_vote is None:
+            self._stop_vote = StopVote(self.torch)
+        agreed = self._stop_vote.agree(local)
+        if agreed and self.step % self.steps_per_epoch:
+            distributed.average_buffers(self.torch, self.placement, self.module)
+        return agreed
 
     # ------------------------------------------------------------------ steps
 
@@ -405,13 +421,14 @@ class TorchTrainer(Trainer):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path:
+    def write_checkpoint(self, prefix: Path, epochs_done: int, batches_done: int = 0) -> Path:
         """Model, optimizer, loss scale and step in PREFIX.pt (written beside, then renamed:
         never half a file under the name)."""
         path = prefix.with_name(prefix.name + ".pt")
         scratch = path.with_name(path.name + ".tmp")
         state = {
             "epochs_done": epochs_done,
+            "batches_done": batches_done,
             "step": self.step,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -428,13 +445,14 @@ class TorchTrainer(Trainer):
             raise
         return prefix
 
-    def read_checkpoint(self, prefix: Path) -> int:
+    def read_checkpoint(self, prefix: Path) -> tuple[int, int]:
         """The model, optimizer, loss scale and step of PREFIX.pt, which must read whole;
-        returns the epochs it holds."""
+        returns the epochs (and batches of the next) it holds."""
         path = prefix.with_name(prefix.name + ".pt")
         try:
             state = self.torch.load(path, map_location=self.device, weights_only=True)
             held = int(state["epochs_done"])
+            batches = int(state.get("batches_done", 0))  # 0: written before stops kept them
         except Exception as error:  # noqa: BLE001 - a damaged file raises many kinds
             raise checkpoint_damaged(path, error) from None
         try:
@@ -444,13 +462,15 @@ class TorchTrainer(Trainer):
             step = int(state["step"])
         except (KeyError, RuntimeError, ValueError, TypeError) as error:
             raise checkpoint_unrestorable(path, error) from None
-        if step != held * self.steps_per_epoch:
+        expected = held * self.steps_per_epoch + batches
+        if step != expected:
+            more = f" and {batches} batches" if batches else ""
             raise UserError(
-                f"{path}: holds step {step}, not the {held * self.steps_per_epoch} steps of "
-                f"{held} epochs at this batch: resume refused"
+                f"{path}: holds step {step}, not the {expected} steps of "
+                f"{held} epochs{more} at this batch: resume refused"
             )
         self.step = step
-        return held
+        return held, batches
 
     def step_trace(self, log_dir: Path, first: int, last: int):
         return TorchStepTrace(self.torch, self.device, log_dir, first, last)
@@ -493,6 +513,8 @@ class TorchTrainer(Trainer):
         return self.torch.get_num_threads()
 
     def close(self) -> None:
+        if getattr(self, "_stop_vote", None) is not None:
+            self._stop_vote.drain()  # the last step's vote, which every worker started
         feeder = getattr(self, "feeder", None)
         if feeder:
             feeder.close()

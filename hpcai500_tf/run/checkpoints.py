@@ -10,7 +10,7 @@ from dataclasses import asdict
 from hpcai500_tf import record as record_io
 from hpcai500_tf.config import TrainingConfig
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import resume
+from hpcai500_tf.run import data_position, resume
 from hpcai500_tf.run import state as run_state
 from hpcai500_tf.run.directory import RunDirectory
 from hpcai500_tf.run.progress import Progress
@@ -44,8 +44,9 @@ def save_checkpoint(trainer, run_dir: RunDirectory, progress: Progress) -> None:
     moment leaves a state whose checkpoint is whole."""
     run_dir.checkpoints.mkdir(exist_ok=True)
     started = time.monotonic()
-    done = progress.epochs_done
-    prefix = trainer.write_checkpoint(run_dir.checkpoint(done), done)
+    done, batches = progress.epochs_done, progress.batches_done
+    name = data_position.checkpoint_name(done, batches)  # ckpt-N, or ckpt-N-bB mid-epoch
+    prefix = trainer.write_checkpoint(run_dir.checkpoints / name, done, batches)
     progress.checkpoints.append(
         {
             "epoch": progress.epochs_done,
@@ -77,11 +78,13 @@ def restore(trainer, run_dir: RunDirectory, fingerprint_now: str) -> Progress:
     if state["framework"] != trainer.framework:
         raise resume.other_framework(run_dir, state["framework"])
     prefix = run_state.checkpoint_prefix(run_dir.path, state)
-    held = trainer.read_checkpoint(prefix)  # None: written before checkpoints held it
-    if held is not None and held != state["epochs_done"]:
+    # None: written before checkpoints held it; (epochs, batches) for a mid-epoch one
+    held = data_position.held(trainer.read_checkpoint(prefix))
+    if held is not None and held[0] != state["epochs_done"]:
         raise UserError(
             f"{run_dir.state}: says {state['epochs_done']} epochs were done, but its "
-            f"checkpoint {prefix} holds {held}: resume refused"
+            f"checkpoint {prefix} holds {held[0]}: resume refused"
         )
+    data_position.check_held(held, state, prefix)
     del state["checkpoint"], state["framework"]
     return Progress(**state)

@@ -47,7 +47,10 @@ DEFAULT_FAILURE_GRACE_S = 30.0
 STOP_GRACE_S = 30.0  # for the workers to write the stopped record after a forwarded signal
 # The signals the launcher passes on, as what each worker gets.
 FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
-             signal.SIGHUP: signal.SIGTERM}  # fmt: skip
+             signal.SIGHUP: signal.SIGTERM, signal.SIGUSR1: signal.SIGUSR1}  # fmt: skip
+# The exit status of a worker a stop signal sent to it alone ended (run/stop.py): every other
+# worker stops after the same step, the chief writing the stopped record.
+STOPPED_BY_A_SIGNAL = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)
 
 
 def worker_args(args) -> list[str]:
@@ -287,6 +290,10 @@ def _supervise(
             break
         time.sleep(0.1)
     code = codes[failed]
+    if code in STOPPED_BY_A_SIGNAL:  # a stop signal sent to one worker: all stop with it
+        _end(processes, STOP_GRACE_S)
+        chief = processes[0].returncode
+        return chief if chief is not None and chief >= 0 else code
     why = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     _end(processes, timeout_s or DEFAULT_FAILURE_GRACE_S)
     log = run_dir.worker_log(failed)

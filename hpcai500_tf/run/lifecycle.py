@@ -33,7 +33,7 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.mlperf.mllog import MLLogger
-from hpcai500_tf.run import directory, resume
+from hpcai500_tf.run import directory, resume, stop
 from hpcai500_tf.run import energy as run_energy
 from hpcai500_tf.run.checkpoints import cadence, checkpoint_due, restore, save_checkpoint
 from hpcai500_tf.run.directory import RunDirectory
@@ -75,7 +75,9 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     trace: StepTrace | None = None
     saved_epochs: int | None = None  # epochs the last checkpoint holds
+    saved_position: tuple[int, int] | None = None  # (epochs, batches) it holds
     clock: Callable[[], float] = time.monotonic  # what checkpoint cadence is measured by
+    stop_request: stop.StopRequest | None = None  # inside the epoch loop: its stop signals
 
     @property
     def rank(self) -> int:
@@ -119,7 +121,7 @@ def run(
     the chief (worker 0 writes the one record)."""
     init_start = time.time()
     watchers = Observers(observers)
-    with stop_on_sigterm() as sigterm, contextlib.ExitStack() as held:
+    with stop_on_sigterm() as sigterm, stop.noting(), contextlib.ExitStack() as held:
         unlocked = None  # a note where the filesystem cannot lock the run directory
         plan = resume.plan_of(options.resume, setup.training.epochs)  # before the framework
         options = replace(options, resume=plan)
@@ -176,6 +178,7 @@ def prepare(
     if options.resume:
         one.progress = restore(trainer, run_dir, config_id)
         one.saved_epochs = one.progress.epochs_done
+        one.saved_position = (one.progress.epochs_done, one.progress.batches_done)
         one.finished = _record_lost(one)
     else:
         mllog.start("init_start", time_ms=init_start * 1000)
@@ -267,7 +270,9 @@ def timed_run(one: Run, power_hz: float, sigterm: SigtermStop | None = None) -> 
             error = Terminated()
         outcome.status, warning, outcome.peer_lost = classify_failure(error, one)
         one.warnings.append(warning)
-        if isinstance(error, Terminated):
+        if isinstance(error, stop.AgreedStop | stop.ForcedStop):
+            outcome.exit_code = error.exit_code
+        elif isinstance(error, Terminated):
             outcome.exit_code = Terminated.exit_code
         elif isinstance(error, KeyboardInterrupt):
             outcome.interrupted = True
@@ -284,24 +289,20 @@ def train_epochs(one: Run, power=None) -> Progress:
     The chief checkpoints at the epoch ends `checkpoint_due` picks. `power`, a running
     `PowerSampler`, puts the energy so far into each; the caller stops it and adds the last
     segment's energy after this returns."""
-    t, progress = one.setup.training, one.progress
-    batches = one.trainer.train_batches(progress.epochs_done)
+    progress = one.progress
+    batches = one.trainer.train_batches(progress.epochs_done, progress.batches_done)
     segment_start, last_checkpoint = time.time(), one.clock()
     if progress.run_start is None:
         progress.run_start = segment_start
         one.mllog.start("run_start", time_ms=segment_start * 1000)
     try:
-        for epoch in range(progress.epochs_done, t.epochs):
-            train_epoch(one, epoch, batches, segment_start)
-            if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
-                evaluate(one, epoch, segment_start)
-            if (
-                one.chief
-                and one.run_dir
-                and checkpoint_due(t, epoch + 1, one.clock() - last_checkpoint)
-            ):
-                checkpoint(one, segment_start, power)
-                last_checkpoint = one.clock()
+        with stop.listening() as one.stop_request:
+            _train_to_the_budget(one, batches, segment_start, last_checkpoint, power)
+    except stop.AgreedStop:  # every worker stopped after the same step: keep it
+        one.stop_request.defer = True
+        if one.chief and one.run_dir and one.saved_position != _position(progress):
+            checkpoint(one, segment_start, power)
+        raise
     finally:
         progress.segments.append({"start": segment_start, "stop": time.time()})
         if one.trace:
@@ -309,18 +310,41 @@ def train_epochs(one: Run, power=None) -> Progress:
     return progress
 
 
+def _position(progress: Progress) -> tuple[int, int]:
+    return progress.epochs_done, progress.batches_done
+
+
+def _train_to_the_budget(one: Run, batches, segment_start, last_checkpoint, power) -> None:
+    """The epochs left, each evaluated and checkpointed as the config says."""
+    t = one.setup.training
+    for epoch in range(one.progress.epochs_done, t.epochs):
+        train_epoch(one, epoch, batches, segment_start)
+        if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
+            evaluate(one, epoch, segment_start)
+        if (
+            one.chief
+            and one.run_dir
+            and checkpoint_due(t, epoch + 1, one.clock() - last_checkpoint)
+        ):
+            checkpoint(one, segment_start, power)
+            last_checkpoint = one.clock()
+
+
 def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -> None:
     """One epoch's steps, the loss read (and checked) every `LOG_EVERY` steps and at the end."""
     trainer, observers, trace, mllog = one.trainer, one.observers, one.trace, one.mllog
     steps, batch = trainer.steps_per_epoch, trainer.global_batch
-    mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
-    mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
+    start = one.progress.batches_done  # > 0: resumed where a stop left this epoch
+    if not start:  # else logged by the segment the stop ended
+        mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
+        mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
     if observers:
         observers.on_epoch_start(epoch + 1, one.setup.training.epochs, steps)
     epoch_start = time.time()
     first_step = epoch * steps  # global steps before this epoch's
     value = math.nan
-    for step in range(steps):
+    for step in range(start, steps):
+        _stop_if_agreed(one, step, start)
         examples = next(batches)
         if trace:
             trace.before(first_step + step + 1)
@@ -332,12 +356,12 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
             if not math.isfinite(value):
                 raise diverged(value, epoch + 1, step + 1)
             if observers:
-                rate = (step + 1) * batch / (time.time() - epoch_start)
+                rate = (step + 1 - start) * batch / (time.time() - epoch_start)
                 observers.on_step(step + 1, value, trainer.learning_rate(), rate)
     seconds = time.time() - epoch_start
     progress = one.progress
-    progress.examples += steps * batch
-    progress.epochs_done = epoch + 1
+    progress.examples += (steps - start) * batch
+    progress.epochs_done, progress.batches_done = epoch + 1, 0
     progress.epochs.append(
         {
             "epoch": epoch + 1,
@@ -351,6 +375,21 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     mllog.end("epoch_stop", metadata={"epoch_num": epoch + 1})
     if observers:
         observers.on_epoch_end(epoch + 1, value, steps * batch / seconds)
+
+
+def _stop_if_agreed(one: Run, step: int, start: int) -> None:
+    """Before step `step` of the epoch (this segment began it at `start`): raise
+    `stop.AgreedStop` where the workers agree that a stop signal came (one worker: where it
+    came), with the progress at this step boundary."""
+    request = one.stop_request
+    local = request.signum if request else 0
+    agreed = local if one.workers == 1 else one.trainer.agree_stop(local)
+    if not agreed:
+        return
+    progress = one.progress
+    progress.examples += (step - start) * one.trainer.global_batch
+    progress.batches_done = step
+    raise stop.AgreedStop(agreed, local=local == agreed)
 
 
 def evaluate(one: Run, epoch: int, segment_start: float) -> None:
@@ -388,6 +427,7 @@ def checkpoint(one: Run, segment_start: float, power) -> None:
     save_checkpoint(one.trainer, one.run_dir, snapshot)
     progress.checkpoints = snapshot.checkpoints
     one.saved_epochs = snapshot.epochs_done
+    one.saved_position = _position(snapshot)
 
 
 # ----------------------------------------------------------------------------- the record

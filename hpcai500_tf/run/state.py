@@ -40,7 +40,8 @@ from hpcai500_tf.run.directory import (
 from hpcai500_tf.validation import compile_shape, invalid
 
 MAX_STATE_BYTES = 64 << 20  # a few hundred bytes an epoch: far more than any real run's
-PREFIX = re.compile(r"ckpt(?:-(\d+))?")  # ckpt-N, N epochs; ckpt (before they were numbered)
+# ckpt-N: N epochs; ckpt-N-bB: and B batches of the next (a stop); ckpt: before numbering
+PREFIX = re.compile(r"ckpt(?:-(\d+)(?:-b(\d+))?)?")
 
 # What a resume reads, appends to or replaces, and the kind each must be where it exists.
 # Logs are appended to, and the lock written, never through a symbolic link (files.py).
@@ -72,6 +73,7 @@ _SHAPE = {
     "run_start": "num?",
     "energy": [["dict"]],  # per segment, per source: checked where the record is built
     "checkpoints": [_CHECKPOINT],
+    "batches_done": "int",
     "checkpoint": "str",
     "framework": "str",
 }
@@ -122,6 +124,7 @@ def read_state(run_dir: Path) -> dict:
     if isinstance(state, dict):
         state.setdefault("checkpoints", [])  # a state written before the list was kept
         state.setdefault("framework", backends.DEFAULT)  # written before PyTorch runs resumed
+        state.setdefault("batches_done", 0)  # written before a stop checkpointed mid-epoch
     try:
         _CHECK_STATE(state, "", path)
         _check_counts(state, path)
@@ -153,10 +156,15 @@ def _check_counts(state: dict, path: Path) -> None:
         if epoch["seconds"] < 0:
             raise invalid(path, f"epochs[{index}].seconds", ">= 0", epoch["seconds"])
     last_examples = epochs[-1]["examples"] if epochs else 0
-    if state["examples"] != last_examples:
+    batches = state["batches_done"]
+    if batches < 0:
+        raise invalid(path, "batches_done", ">= 0", batches)
+    if (state["examples"] != last_examples) if not batches else state["examples"] <= last_examples:
+        words = "" if not batches else "more than "
         raise invalid(
-            path, "examples", f"the last epoch's examples ({last_examples})", state["examples"]
-        )
+            path, "examples", f"{words}the last epoch's examples ({last_examples})",
+            state["examples"],
+        )  # fmt: skip
     timed = 0.0
     previous_stop = -math.inf
     for index, segment in enumerate(state["segments"]):
@@ -215,6 +223,12 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
         raise UserError(
             f"{path}: says {state['epochs_done']} epochs were done, but the checkpoint it names "
             f"({name}) holds {int(match.group(1))}: resume refused"
+        )
+    if int(match.group(2) or 0) != state["batches_done"]:
+        raise UserError(
+            f"{path}: says {state['batches_done']} batches of epoch {state['epochs_done'] + 1} "
+            f"were done, but the checkpoint it names ({name}) holds "
+            f"{int(match.group(2) or 0)}: resume refused"
         )
     prefix = RunDirectory(run_dir).checkpoints / name
     for suffix, what in backends.get(state["framework"]).checkpoint_files:

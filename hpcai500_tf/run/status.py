@@ -9,6 +9,7 @@ import threading
 import traceback
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.run import data_position, stop
 from hpcai500_tf.run.directory import RunDirectory
 
 
@@ -44,6 +45,8 @@ class SigtermStop:
     """The SIGTERM handler: the first one raises `Terminated` (or, once `defer` is set, while
     the record is written, is only noted); later ones are ignored, as the run is already
     ending (SIGKILL after the scheduler's grace period remains the hard stop)."""
+
+    replaceable = True  # by stop.listening, inside the epoch loop
 
     def __init__(self):
         self.received = False
@@ -94,6 +97,9 @@ def exit_code(record: dict) -> int:
     stopped by SIGTERM, 1 otherwise (Ctrl-C's stopped record included)."""
     if record["status"] == "completed":
         return 0
+    agreed = stop.exit_code_of(record["warnings"])  # an agreed SIGTERM or SIGUSR1 stop
+    if record["status"] == "stopped" and agreed:
+        return agreed
     if record["status"] == "stopped" and any(
         w.startswith(SIGTERM_STOPPED) for w in record["warnings"]
     ):
@@ -117,6 +123,8 @@ def classify_failure(error: BaseException, one) -> tuple[str, str, bool]:
     where = one.run_dir or "RUN_DIR (the chief's run directory)"
     if isinstance(error, Diverged):
         return "diverged", str(error), False
+    if isinstance(error, stop.AgreedStop):  # every worker after the same step: all still here
+        return "stopped", _agreed_stop_warning(error, one, where), False
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
         saved = one.saved_epochs
         if not one.chief:  # the chief writes the checkpoints
@@ -158,3 +166,16 @@ def _write_traceback(run_dir: RunDirectory | None) -> str:
     except OSError:
         return ""
     return f" (traceback in {run_dir.error_log})"
+
+
+def _agreed_stop_warning(error: stop.AgreedStop, one, where) -> str:
+    """What an agreed stop's record says: the signal, the position, how to resume."""
+    done, batches = one.progress.epochs_done, one.progress.batches_done
+    if not one.chief:
+        resume = f"resume with --resume {where} (from the chief's checkpoint at the stop)"
+    elif one.saved_position == (done, batches):
+        at = data_position.checkpoint_name(done, batches)
+        resume = f"its checkpoint {at} was written at the stop: resume with --resume {where}"
+    else:  # no run directory to write it in
+        resume = "no checkpoint was written at the stop: it cannot be resumed from there"
+    return stop.warning(error, done, batches, resume)

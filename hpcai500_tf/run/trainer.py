@@ -192,7 +192,10 @@ class Trainer(ABC):
     def warm_up(self, checkpoints: bool) -> None: ...  # one step undone (and the writer)
 
     @abstractmethod
-    def train_batches(self, epochs_done: int) -> Iterator: ...
+    def train_batches(self, epochs_done: int, batches_done: int = 0) -> Iterator: ...
+
+    @abstractmethod
+    def agree_stop(self, local: int) -> int: ...  # several workers: a collective (run/stop.py)
 
     @abstractmethod
     def train_step(self, batch): ...  # returns the loss (reading it is `loss_value`)
@@ -207,10 +210,11 @@ class Trainer(ABC):
     def evaluate(self) -> float: ...  # the workload's quality over the evaluation split
 
     @abstractmethod
-    def write_checkpoint(self, prefix: Path, epochs_done: int) -> Path: ...
+    def write_checkpoint(self, prefix: Path, epochs_done: int, batches_done: int = 0) -> Path: ...
 
+    # the epochs (and batches of the next) it holds; None: written before checkpoints held it
     @abstractmethod
-    def read_checkpoint(self, prefix: Path) -> int | None: ...  # the epochs it holds
+    def read_checkpoint(self, prefix: Path) -> int | tuple[int, int] | None: ...
 
     @abstractmethod
     def step_trace(self, log_dir: Path, first: int, last: int) -> StepTrace: ...

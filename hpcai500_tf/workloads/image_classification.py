@@ -39,6 +39,8 @@ class ImageClassification:
         self.data, self.model_config = data_and_model(self.name, preset)
         self.kernels = resolve(self.model_config.kernels)  # as L7 records it
         self.data_dir = data_dir
+        # What procedural examples are drawn from: the run's seed, whatever orders them.
+        self.content_seed = int(preset.get("training", {}).get("seed", 0))
         if self.data.source == "imagenet":
             if data_dir is None:
                 raise UserError("this preset reads ImageNet TFRecords: pass --data DIR")
@@ -145,27 +147,30 @@ class ImageClassification:
         d = self.data
         if d.source == "random":
             return procedural.random_dataset(d.image_size, d.num_classes, seed)
-        if d.source == "procedural":
+        if d.source == "procedural":  # the examples are the run's; `seed` orders them
             examples = d.train_examples if training else d.eval_examples
             return procedural.procedural_dataset(
-                examples, seed, d.image_size, d.num_classes, d.noise, training, shard
-            )
-        key = (training, seed, tuple(shard))
+                examples, self.content_seed, d.image_size, d.num_classes, d.noise, training,
+                shard, shuffle_seed=seed,
+            )  # fmt: skip
+        # With data.cache, every stream of a split (each epoch's, each evaluation) reads the
+        # one cached dataset of its records, which the first pass filled; every evaluation
+        # iterates the same dataset.
+        key = (training, seed if not training else None, tuple(shard))
         if key in self._cached:
             return self._cached[key]
-        dataset = imagenet.imagenet_dataset(
-            self.data_dir,
-            training,
-            d.image_size,
-            d.label_offset,
-            seed,
-            shard,
-            d.shuffle_buffer,
-            cache=d.cache,
-            cache_dir=d.cache_dir,
+        records = self._cached.get((training, tuple(shard)))
+        if records is None:
+            records = imagenet.imagenet_records(
+                self.data_dir, training, seed, shard, cache=d.cache, cache_dir=d.cache_dir
+            )
+        dataset = imagenet.decoded(
+            records, training, d.image_size, d.label_offset, seed, d.shuffle_buffer
         )
         if d.cache:
-            self._cached[key] = dataset
+            self._cached[(training, tuple(shard))] = records
+            if not training:
+                self._cached[key] = dataset
         return dataset
 
     def data_warnings(self, workers: int) -> list[str]:

@@ -1,0 +1,65 @@
+"""tools/slurm_train.sbatch requeues a job its time-limit warning (SIGUSR1) stopped, and only
+that: never a run that ended, never past MAX_SEGMENTS, never one scancel stopped. The
+decision is the script's own shell function, run here without Slurm."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf import record
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.run import segments
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "slurm_train.sbatch"
+
+
+def _shell(command: str) -> str:
+    """`command` run after the script's functions are defined (HPCAI500_SBATCH_FUNCTIONS_ONLY)."""
+    script = f'HPCAI500_SBATCH_FUNCTIONS_ONLY=1 source "{SCRIPT}" /data; {command}'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("warned", "status", "segment", "cap", "decision"),
+    [
+        (1, "stopped", 1, 20, "requeue"),
+        (1, "stopped", 19, 20, "requeue"),
+        (1, "stopped", 20, 20, "this was segment 20 of MAX_SEGMENTS=20"),
+        (1, "completed", 3, 20, "the run completed: nothing to resume"),
+        (1, "failed", 3, 20, "the run failed: nothing to resume"),
+        (1, "diverged", 3, 20, "the run diverged: nothing to resume"),
+        (1, "", 1, 20, "the run left no record: nothing to resume"),
+        (0, "stopped", 1, 20, "no SIGUSR1 came: the step ended on its own or was cancelled"),
+    ],
+)
+def test_the_requeue_decision(warned, status, segment, cap, decision):
+    assert _shell(f'requeue_decision {warned} "{status}" {segment} {cap}') == decision
+
+
+def test_the_record_status_is_read_from_the_record(tmp_path):
+    path = tmp_path / "record.json"
+    path.write_text('{"status": "stopped", "layers": {"status": "x"}}')
+    assert _shell(f'record_status "{path}"') == "stopped"
+    assert _shell(f'record_status "{tmp_path / "none.json"}"') == ""
+
+
+def test_the_script_asks_slurm_for_the_warning_and_the_requeue():
+    text = SCRIPT.read_text()
+    assert "#SBATCH --signal=B:USR1@300" in text and "#SBATCH --requeue" in text
+    assert '--resume-or-start "$RUN_DIR"' in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+
+
+def test_resume_or_start_starts_in_a_new_directory_then_resumes_it(tmp_path):
+    run_dir = tmp_path / "runs" / "slurm-7"
+    assert segments.resume_or_start(run_dir) == (None, str(run_dir)) and run_dir.is_dir()
+    (run_dir / "state.json").write_text("{}")
+    assert segments.resume_or_start(run_dir) == (str(run_dir), None)
+
+
+def test_resume_or_start_never_starts_a_run_that_ended_again(tmp_path):
+    record.write_atomic(tmp_path / "record.json", {"status": "completed"})
+    with pytest.raises(UserError, match=r"its run ended \(completed, .*record.json\)"):
+        segments.resume_or_start(tmp_path)

@@ -1,0 +1,259 @@
+"""A stop keeps its work (#38): a signal mid-epoch stops the run after the step it came in,
+the run checkpoints there, and --resume trains exactly the steps left, on the data an
+uninterrupted run trains on, to the same weights."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcai500_tf import config, record
+from hpcai500_tf import lifecycle as life
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.run import data_position, stop
+from hpcai500_tf.run import state as run_state
+
+# One epoch-end checkpoint (the last): the stop's is the only one before it.
+TINY = ["training.epochs=2", "training.checkpoint_every=0", "training.deterministic=true"]
+STEPS = 8  # the tiny preset's steps per epoch (256 examples, batches of 32)
+
+
+class Stopping:
+    """A trainer `build` whose trainer sends this process `signum` during timed step
+    `at_step` (counted from 1, warm-up steps not counted); `built` holds the trainer."""
+
+    def __init__(self, build, at_step=None, signum=signal.SIGINT):
+        self.build, self.at_step, self.signum, self.built = build, at_step, signum, None
+
+    def __call__(self, setup, options, view=None):
+        trainer = self.built = self.build(setup, options, view)
+        steps, armed = [0], [False]
+        warm_up, train_step = trainer.warm_up, trainer.train_step
+
+        def warm(checkpoints):
+            warm_up(checkpoints)
+            armed[0] = True
+
+        def step(batch):
+            loss = train_step(batch)
+            if armed[0]:
+                steps[0] += 1
+                if steps[0] == self.at_step:
+                    os.kill(os.getpid(), self.signum)
+            return loss
+
+        trainer.warm_up, trainer.train_step = warm, step
+        trainer.timed_steps = steps
+        return trainer
+
+
+def _tensorflow_build():
+    from hpcai500_tf.engine import run
+
+    return run.build_trainer
+
+
+def _pytorch_build():
+    from hpcai500_tf.pytorch.train import TorchTrainer
+
+    return TorchTrainer
+
+
+def _weights(trainer) -> list[np.ndarray]:
+    if trainer.framework == "pytorch":
+        return [v.detach().cpu().numpy() for v in trainer.module.state_dict().values()]
+    return [v.numpy() for v in trainer.engine.model.weights]
+
+
+def _run(setup, build, **options):
+    options = {"power_hz": 0, "tensorboard": False, **options}
+    return life.run(setup, life.RunOptions(**options), build)
+
+
+def _stopped_then_resumed(tmp_path, framework, at_step, signum=signal.SIGINT):
+    build = _tensorflow_build() if framework == "tensorflow" else _pytorch_build()
+    setup = config.prepare("image_classification", "tiny", TINY)
+    stopping = Stopping(build, at_step, signum)
+    stopped, path = _run(setup, stopping, out_dir=tmp_path / "stopped")
+    resuming = Stopping(build)
+    resumed, _ = _run(setup, resuming, resume=str(path.parent))
+    whole = Stopping(build)
+    plain, _ = _run(setup, whole, out_dir=tmp_path / "whole")
+    return stopped, path.parent, resumed, resuming, plain, whole
+
+
+@pytest.mark.slow  # three tiny runs: 1-2 minutes each framework on 2 busy cores
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_a_sigint_mid_epoch_checkpoints_there_and_resume_ends_as_an_uninterrupted_run(
+    tmp_path, framework, request
+):
+    if framework == "pytorch":
+        request.getfixturevalue("torch_installed")
+    stopped, run_dir, resumed, resuming, plain, whole = _stopped_then_resumed(
+        tmp_path, framework, at_step=3
+    )
+    # Stopped after the step the signal came in: 3 batches of epoch 1, kept in a checkpoint.
+    assert stopped["status"] == "stopped", stopped["warnings"]
+    (warning,) = [w for w in stopped["warnings"] if w.startswith(stop.WHY[signal.SIGINT])]
+    assert "after 0 epoch(s) and 3 batch(es) of the next" in warning, warning
+    assert f"ckpt-0-b3 was written at the stop: resume with --resume {run_dir}" in warning
+    state = run_state.read_state(run_dir)  # (the stopped state was replaced by the resume)
+    assert state["epochs_done"] == 2 and state["batches_done"] == 0
+    # The resumed segment trained exactly the steps left: 2 x 8 in all, none twice.
+    assert resuming.built.timed_steps[0] == 2 * STEPS - 3
+    assert resumed["status"] == "completed", resumed["warnings"]
+    assert len(resumed["timeline"]["segments"]) == 2
+    epochs = resumed["timeline"]["epochs"]
+    assert [e["examples"] for e in epochs] == [256, 512]
+    assert epochs == [
+        {**e, **{k: epochs[i][k] for k in ("elapsed_s", "seconds", "loss")}}
+        for i, e in enumerate(plain["timeline"]["epochs"])
+    ]
+    # The same data and schedule as the run never stopped: the same loss and weights.
+    assert epochs[-1]["loss"] == pytest.approx(plain["timeline"]["epochs"][-1]["loss"], rel=1e-5)
+    for got, want in zip(_weights(resuming.built), _weights(whole.built), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_stop_checkpoint_is_named_by_its_position_and_the_state_agrees(tmp_path):
+    from hpcai500_tf.engine import run
+
+    setup = config.prepare("image_classification", "tiny", TINY)
+    stopping = Stopping(run.build_trainer, at_step=STEPS + 2, signum=signal.SIGTERM)
+    stopped, path = _run(setup, stopping, out_dir=tmp_path)
+    assert stopped["status"] == "stopped" and life.exit_code(stopped) == 143
+    state = json.loads((path.parent / "state.json").read_text())
+    assert (state["epochs_done"], state["batches_done"]) == (1, 2)
+    assert state["examples"] == (STEPS + 2) * 32
+    assert state["checkpoint"].endswith("ckpt-1-b2")
+    assert [p.name for p in (path.parent / "checkpoints").iterdir() if "index" in p.name] == [
+        "ckpt-1-b2.index"
+    ]
+    # A state moved to another position than its checkpoint's is refused, in one line.
+    state["batches_done"] = 3
+    (path.parent / "state.json").write_text(json.dumps(state))
+    with pytest.raises(UserError, match="says 3 batches of epoch 2 were done, but the checkpoint"):
+        run_state.check_resumable(path.parent, 2)
+
+
+def test_a_second_signal_stops_at_once():
+    with stop.listening() as request:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert request.signum == signal.SIGUSR1
+        with pytest.raises(stop.ForcedStop):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):  # the handler runs between bytecodes
+                pass
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_votes_name_the_strongest_signal_any_worker_got():
+    summed = [
+        a + b for a, b in zip(stop.vote(signal.SIGINT), stop.vote(signal.SIGTERM), strict=True)
+    ]
+    assert stop.agreed(summed) == signal.SIGTERM
+    assert stop.agreed(stop.vote(0)) == 0
+    assert stop.agreed(stop.vote(signal.SIGUSR1)) == signal.SIGUSR1
+    assert stop.exit_code_of([stop.WHY[signal.SIGUSR1] + " after ..."]) == 138
+
+
+def test_epoch_batches_resume_at_the_next_batch_of_the_epoch():
+    def open_epoch(epoch, skip):
+        return iter([(epoch, b) for b in range(skip, 100)])
+
+    whole = list(data_position.epoch_batches(open_epoch, 0, 0, 3, 4))
+    assert whole[:5] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)] and len(whole) == 12
+    assert list(data_position.epoch_batches(open_epoch, 1, 3, 3, 4)) == whole[7:]
+    assert data_position.checkpoint_name(2, 0) == "ckpt-2"
+    assert data_position.checkpoint_name(2, 5) == "ckpt-2-b5"
+
+
+def test_the_stop_modules_import_no_framework():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import hpcai500_tf.run.stop, hpcai500_tf.run.data_position; "
+        "assert not {'tensorflow', 'torch', 'keras'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_saved_record_still_names_a_stop_by_sigterm():
+    warnings = [stop.WHY[signal.SIGTERM] + " after 1 epoch(s) and 2 batch(es) of the next; ..."]
+    assert life.exit_code({"status": "stopped", "warnings": warnings}) == 143
+
+
+def _worker_pids(launcher: int) -> dict[int, int]:
+    """The launcher's workers, by rank (TF_CONFIG's task index, or RANK)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    ranks = {}
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+        if "TF_CONFIG" in env:
+            ranks[json.loads(env["TF_CONFIG"])["task"]["index"]] = pid
+        elif "RANK" in env:
+            ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, framework, request):
+    """SIGTERM to worker 1 alone, mid-run: both workers stop after the same step, the chief
+    writes one stopped record (energy gathered: no worker was left in a collective) and its
+    checkpoint, both exit within the bound, and the run resumes to completion."""
+    if framework == "pytorch":
+        request.getfixturevalue("torch_installed")
+    out = tmp_path / "runs"
+    command = [sys.executable, "-m", "hpcai500_tf.cli", "train", "image_classification",
+               "--preset", "tiny", "--set", "training.epochs=40", "--set",
+               "training.checkpoint_every=0", "--workers", "2", "--power-hz", "0",
+               "--framework", framework, "--out", str(out)]  # fmt: skip
+    with (tmp_path / "stderr").open("w") as stderr:
+        launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and launcher.poll() is None:
+            logs = list(out.glob("*/mlperf.log"))
+            if logs and logs[0].read_text().count('"epoch_start"') >= 2:
+                break
+            time.sleep(0.05)
+        assert launcher.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
+        workers = _worker_pids(launcher.pid)
+        sent = time.monotonic()
+        os.kill(workers[1], signal.SIGTERM)
+        code = launcher.wait(120)
+        seconds = time.monotonic() - sent
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(30)
+    print(f"{framework}: SIGTERM to worker 1 -> every worker exited in {seconds:.1f} s")
+    err = (tmp_path / "stderr").read_text()
+    assert code == 143, f"exit status {code}; stderr: {err[-2000:]}"
+    assert seconds < 30, f"{seconds:.1f} s from the signal to the last exit"
+    (run_dir,) = out.glob("*")
+    stopped = record.load(run_dir / "record.json")
+    assert stopped["status"] == "stopped", stopped["warnings"]
+    (warning,) = [w for w in stopped["warnings"] if w.startswith(stop.WHY[signal.SIGTERM])]
+    assert "(sent to another worker)" in warning and "was written at the stop" in warning
+    state = run_state.check_resumable(run_dir, 40)
+    assert state["checkpoint"].endswith(
+        data_position.checkpoint_name(state["epochs_done"], state["batches_done"])
+    )
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hpcai500_tf.cli", "train", "--resume", str(run_dir),
+         "--workers", "2", "--power-hz", "0"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    done = record.load(run_dir / "record.json")
+    assert done["status"] == "completed" and done["timeline"]["epochs"][-1]["examples"] == 40 * 256
