@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from hpcai500_tf import config, record
-from hpcai500_tf import lifecycle as life
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import data_position, stop
+from hpcai500_tf.run import data_position, lifecycle, stop
 from hpcai500_tf.run import state as run_state
+from hpcai500_tf.run.options import RunOptions
+from hpcai500_tf.run.status import exit_code
 
 # One epoch-end checkpoint (the last): the stop's is the only one before it.
 TINY = ["training.epochs=2", "training.checkpoint_every=0", "training.deterministic=true"]
@@ -68,12 +69,12 @@ def _pytorch_build():
 def _weights(trainer) -> list[np.ndarray]:
     if trainer.framework == "pytorch":
         return [v.detach().cpu().numpy() for v in trainer.module.state_dict().values()]
-    return [v.numpy() for v in trainer.engine.model.weights]
+    return [v.numpy() for v in trainer.model.weights]
 
 
 def _run(setup, build, **options):
-    options = {"power_hz": 0, "tensorboard": False, **options}
-    return life.run(setup, life.RunOptions(**options), build)
+    options = {"power_hz": 0, **options}
+    return lifecycle.run(setup, RunOptions(**options), build)
 
 
 def _stopped_then_resumed(tmp_path, framework, at_step, signum=signal.SIGINT):
@@ -127,7 +128,7 @@ def test_the_stop_checkpoint_is_named_by_its_position_and_the_state_agrees(tmp_p
     setup = config.prepare("image_classification", "tiny", TINY)
     stopping = Stopping(run.build_trainer, at_step=STEPS + 2, signum=signal.SIGTERM)
     stopped, path = _run(setup, stopping, out_dir=tmp_path)
-    assert stopped["status"] == "stopped" and life.exit_code(stopped) == 143
+    assert stopped["status"] == "stopped" and exit_code(stopped) == 143
     state = json.loads((path.parent / "state.json").read_text())
     assert (state["epochs_done"], state["batches_done"]) == (1, 2)
     assert state["examples"] == (STEPS + 2) * 32
@@ -187,7 +188,7 @@ def test_the_stop_modules_import_no_framework():
 
 def test_a_saved_record_still_names_a_stop_by_sigterm():
     warnings = [stop.WHY[signal.SIGTERM] + " after 1 epoch(s) and 2 batch(es) of the next; ..."]
-    assert life.exit_code({"status": "stopped", "warnings": warnings}) == 143
+    assert exit_code({"status": "stopped", "warnings": warnings}) == 143
 
 
 def _worker_pids(launcher: int) -> dict[int, int]:

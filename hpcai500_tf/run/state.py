@@ -224,7 +224,7 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
             f"{path}: says {state['epochs_done']} epochs were done, but the checkpoint it names "
             f"({name}) holds {int(match.group(1))}: resume refused"
         )
-    if int(match.group(2) or 0) != state["batches_done"]:
+    if int(match.group(2) or 0) != state.get("batches_done", 0):
         raise UserError(
             f"{path}: says {state['batches_done']} batches of epoch {state['epochs_done'] + 1} "
             f"were done, but the checkpoint it names ({name}) holds "
