@@ -226,7 +226,7 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
         )
     if int(match.group(2) or 0) != state.get("batches_done", 0):
         raise UserError(
-            f"{path}: says {state['batches_done']} batches of epoch {state['epochs_done'] + 1} "
+            f"{path}: says {state.get('batches_done', 0)} batches of epoch {state['epochs_done'] + 1} "
             f"were done, but the checkpoint it names ({name}) holds "
             f"{int(match.group(2) or 0)}: resume refused"
         )
