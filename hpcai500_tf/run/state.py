@@ -224,9 +224,10 @@ def checkpoint_prefix(run_dir: Path, state: dict) -> Path:
             f"{path}: says {state['epochs_done']} epochs were done, but the checkpoint it names "
             f"({name}) holds {int(match.group(1))}: resume refused"
         )
-    if int(match.group(2) or 0) != state.get("batches_done", 0):
+    batches = state.get("batches_done", 0)
+    if int(match.group(2) or 0) != batches:
         raise UserError(
-            f"{path}: says {state.get('batches_done', 0)} batches of epoch {state['epochs_done'] + 1} "
+            f"{path}: says {batches} batches of epoch {state['epochs_done'] + 1} "
             f"were done, but the checkpoint it names ({name}) holds "
             f"{int(match.group(2) or 0)}: resume refused"
         )
