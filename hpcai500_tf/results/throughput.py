@@ -25,6 +25,7 @@ from typing import Any
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import open_regular_file
 from hpcai500_tf.layers import LAYER_IDS
 from hpcai500_tf.validation import compile_shape, invalid
 
@@ -103,10 +104,10 @@ def validate(data: Any, path: Path | str) -> dict:
 def is_throughput(path: Path | str) -> bool:
     """Whether a file a user named is a throughput record (by its kind), read cheaply; any
     file that cannot be read so is left to the record loader to refuse."""
-    try:
-        with open(path, "rb") as handle:
+    try:  # a FIFO, a device or a loop is never opened to read (files.py checks its kind)
+        with open_regular_file(path, "record") as handle:
             head = handle.read(4096)
-    except OSError:
+    except (OSError, UserError):
         return False
     return f'"kind": "{KIND}"'.encode() in head
 
@@ -124,9 +125,10 @@ def mlperf_times(log: Path) -> tuple[float | None, float | None, str | None]:
     """(first run_start, last run_stop, its status) of an MLPerf log, in Unix seconds; None
     for what the log does not hold (a run killed before it, or no log at all)."""
     start = stop = status = None
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
+    try:  # never a FIFO or a device: a record's directory is the user's
+        with open_regular_file(log, "MLPerf log") as handle:
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except (OSError, UserError):
         return None, None, None
     for line in lines:
         if not line.startswith(":::MLLOG "):

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.files import read_regular_file
 from hpcai500_tf.run.directory import RunDirectory
 
 
@@ -24,8 +25,8 @@ def resume_or_start(path: str | Path) -> tuple[str | None, str | None]:
         return str(path), None  # checked like any --resume, before a framework loads
     if os.path.lexists(directory.record):
         try:  # its status only: a record of another version is still an ended run
-            status = str(json.loads(directory.record.read_text())["status"])
-        except (OSError, ValueError, KeyError, TypeError):
+            status = str(json.loads(read_regular_file(directory.record, "record"))["status"])
+        except (OSError, UserError, ValueError, KeyError, TypeError):
             status = "unreadable"
         raise UserError(
             f"{path}: its run ended ({status}, {directory.record}) with no checkpoint to "
