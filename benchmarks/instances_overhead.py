@@ -3,7 +3,7 @@ gains on this machine, from the throughput records and MLPerf logs of real runs.
 
 Each round trains M instances of a preset twice: once as `train --instances M` (side by side,
 one process each, the cores split between them), and once as M plain `train` runs one after
-the other (each with every core). Both are scored by the same rule (results/throughput.py):
+the other (each with every core). Both are scored by the same rule (run/throughput.py):
 models per minute over the window from the earliest run_start to the latest run_stop, and
 the wall time from the first command to the last exit (start-up included). The kinds
 alternate over rounds; medians are printed.
@@ -41,7 +41,7 @@ def _train(preset: str, out: str, extra: list[str]) -> None:
 
 def side_by_side(preset: str, instances: int) -> tuple[float, float, int]:
     """(models/min over the window, wall seconds, models counted) of `--instances M`."""
-    from hpcai500_tf.results import throughput
+    from hpcai500_tf.run import throughput
 
     with tempfile.TemporaryDirectory() as out:
         began = time.monotonic()
@@ -56,7 +56,7 @@ def one_after_another(preset: str, instances: int) -> tuple[float, float, int]:
     """The same M models as M plain runs in a row, with the seeds `--instances` gives them,
     scored over the same kind of window (first run_start to last run_stop)."""
     from hpcai500_tf import record
-    from hpcai500_tf.results import throughput
+    from hpcai500_tf.run import throughput
 
     with tempfile.TemporaryDirectory() as out:
         began = time.monotonic()

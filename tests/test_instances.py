@@ -1,5 +1,5 @@
 """`train BENCHMARK --instances M` (cluster/instances.py, instance_launch.py) and its
-throughput record and score (results/throughput.py): the split of workers, GPUs and Slurm
+throughput record and score (run/throughput.py): the split of workers, GPUs and Slurm
 tasks, bad input in one line before any training, M runs at once, the window and the models
 per minute recomputed from the members' MLPerf logs, a lost instance, one stop for all."""
 
@@ -18,7 +18,7 @@ from hpcai500_tf import record
 from hpcai500_tf.cli import main
 from hpcai500_tf.cluster import instances
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.results import throughput
+from hpcai500_tf.run import throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "image_classification", "--preset", "tiny", "--no-tensorboard", "--power-hz", "0"]
@@ -313,7 +313,7 @@ def test_the_throughput_modules_import_without_a_framework():
         "import sys\n"
         "for name in ('tensorflow', 'keras', 'torch'):\n"
         "    sys.modules[name] = None\n"
-        "import hpcai500_tf.cluster.instances, hpcai500_tf.results.throughput\n"
+        "import hpcai500_tf.cluster.instances, hpcai500_tf.run.throughput\n"
         "import hpcai500_tf.report.throughput_view, hpcai500_tf.report.throughput_page\n"
         "import hpcai500_tf.run.instance_launch\n"
     )

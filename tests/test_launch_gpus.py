@@ -466,7 +466,7 @@ def _sbatch(tmp_path: Path, **environment: str) -> tuple[subprocess.CompletedPro
 
 
 TRAIN = ["hpcai500-tf", "train", "image_classification", "--preset", "reference"]
-TRAIN += ["--data", "/data/imagenet", "--out", "/shared/runs"]
+TRAIN += ["--data", "/data/imagenet", "--resume-or-start", "/shared/runs/slurm-42"]
 
 
 def _shape(tasks_per_node: int, cpus: int) -> list[str]:
@@ -482,7 +482,8 @@ def test_sbatch_syntax():
     assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
     text = SBATCH.read_text()
     assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --ntasks-per-node=1" in text
-    assert "#SBATCH --exclusive" in text and "#SBATCH --signal=B:TERM@300" in text
+    assert "#SBATCH --exclusive" in text and "#SBATCH --signal=B:USR1@300" in text
+    assert "#SBATCH --requeue" in text
     for setting in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "ulimit -l", "optimizer.name=lars"):
         assert setting in text  # named for a first run on a new cluster
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hpcai500_tf.results import throughput
+from hpcai500_tf.run import throughput
 from tests.test_real_slurm import CLI, real_slurm  # noqa: F401 (the fixture)
 
 

@@ -1,5 +1,5 @@
 """The report's page of a throughput record (`train --instances M`): its score as
-results/throughput.py derives it, the members listed with how each ended, and their quality
+run/throughput.py derives it, the members listed with how each ended, and their quality
 curves side by side on one chart. The members' own runs get their pages as any run does,
 when they are given to `report` too.
 """
@@ -21,7 +21,7 @@ from hpcai500_tf.report.html_parts import (
     section,
     table,
 )
-from hpcai500_tf.results import throughput
+from hpcai500_tf.run import throughput
 
 
 def split(arguments: list[str]) -> tuple[list[Path], list[str]]:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.report.console import console, duration, escape, refused_table, si
-from hpcai500_tf.results import throughput
+from hpcai500_tf.run import throughput
 
 
 def split(paths: list[str]) -> tuple[list[str], list[str]]:

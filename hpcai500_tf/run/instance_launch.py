@@ -31,7 +31,7 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.cluster import instances as plans
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
-from hpcai500_tf.results import throughput
+from hpcai500_tf.run import throughput
 
 STOP_GRACE_S = 60.0  # for the instances to write their stopped records after a signal
 KILL_WAIT_S = 10.0

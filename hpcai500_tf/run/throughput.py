@@ -27,6 +27,7 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_regular_file
 from hpcai500_tf.layers import LAYER_IDS
+from hpcai500_tf.run.directory import MLPERF_LOG, RECORD_FILE
 from hpcai500_tf.validation import compile_shape, invalid
 
 KIND = "hpcai500-throughput"
@@ -160,9 +161,9 @@ def read_member(parent: Path, member: dict) -> dict:
         seen["problem"] = f"no run directory ({member['ended']})"
         return seen
     run_dir = parent / member["run_dir"]
-    seen["run_start"], seen["run_stop"], seen["log_status"] = mlperf_times(run_dir / "mlperf.log")
+    seen["run_start"], seen["run_stop"], seen["log_status"] = mlperf_times(run_dir / MLPERF_LOG)
     try:
-        seen["record"] = record_io.load(run_dir / "record.json")
+        seen["record"] = record_io.load(run_dir / RECORD_FILE)
     except UserError as error:
         seen["problem"] = f"no record ({member['ended']}): {error}"
     return seen
