@@ -60,7 +60,7 @@ def measure(mode: str, minutes: float, epochs: int, sets: list[str], out: str) -
     overrides = [*sets, f"training.epochs={epochs}", *MODES[mode](minutes)]
     setup = prepare("image_classification", "tiny", overrides)
     with tempfile.TemporaryDirectory(dir=out) as run_out:
-        record, _ = run.run_benchmark(setup, None, run_out, tensorboard=False)
+        record, _ = run.run_benchmark(setup, None, run_out)  # no TensorBoard: none asked for
     if record["status"] != "completed":
         raise SystemExit(f"{mode}: the run ended {record['status']}: {record['warnings']}")
     written = record["artifacts"]["checkpoints_written"]
