@@ -1,13 +1,16 @@
 """The per-step stop agreement's cost (run/stop.py): the train step of two workers on this
-machine with the agreement before each step against the same step without it, in one run.
+machine with the agreement against the same step without it, in one run.
 
 Two worker processes (TensorFlow: MultiWorkerMirroredStrategy over loopback gRPC; PyTorch:
 torch.distributed over gloo) build the run's trainer as `train --workers 2` does, warm up,
-then time alternating blocks of `--steps` steps: "plain" (`train_step`) and "agreeing"
-(`agree_stop(0)`, then `train_step`: what the epoch loop runs on several workers). Each block
-ends with the loss read back (a device sync), so a block's time is its steps' whole time.
-Blocks alternate over `--rounds` rounds, the first kind swapping each round; the ratio is of
-the medians of seconds per step. One worker runs no agreement at all (a Python check).
+then time alternating blocks of `--steps` steps: "plain" (`train_step(batch)`: the step
+carrying no vote, as before the stop vote existed: TensorFlow's loss all-reduce of one float;
+PyTorch's DDP gradient all-reduce through the same hook, which then carries nothing) and
+"agreeing" (`agreed_stop()`, then `train_step(batch, 0)`: what the epoch loop runs on several
+workers, the vote carried by the step's own reduction). Each block ends with the loss read
+back (a device sync), so a block's time is its steps' whole time. Blocks alternate over
+`--rounds` rounds, the first kind swapping each round; the ratio is of the medians of seconds
+per step. One worker runs no agreement at all (a Python check).
 
     python benchmarks/stop_agreement_overhead.py [--framework tensorflow|pytorch]
         [--rounds 7] [--steps 20] [--preset smoke] [--set K=V ...]
@@ -36,8 +39,8 @@ def _block(trainer, batches, steps: int, agreeing: bool) -> float:
     started = time.perf_counter()
     for _ in range(steps):
         if agreeing:
-            trainer.agree_stop(0)
-        loss = trainer.train_step(next(batches))
+            trainer.agreed_stop()
+        loss = trainer.train_step(next(batches), 0 if agreeing else None)
     trainer.loss_value(loss)
     return (time.perf_counter() - started) / steps
 
@@ -55,7 +58,8 @@ def worker(args) -> None:
     try:
         trainer.warm_up(checkpoints=False)
         batches = trainer.train_batches(0)
-        _block(trainer, batches, args.steps, True)  # the first steps' one-time costs
+        for agreeing in (True, False):  # each step's first runs' one-time costs (tracing)
+            _block(trainer, batches, args.steps, agreeing)
         times = {"plain": [], "agreeing": []}
         for round_ in range(args.rounds):
             kinds = ("plain", "agreeing") if round_ % 2 == 0 else ("agreeing", "plain")

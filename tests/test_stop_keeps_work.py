@@ -41,8 +41,8 @@ class Stopping:
             warm_up(checkpoints)
             armed[0] = True
 
-        def step(batch):
-            loss = train_step(batch)
+        def step(batch, vote=None):
+            loss = train_step(batch, vote)
             if armed[0]:
                 steps[0] += 1
                 if steps[0] == self.at_step:

@@ -22,6 +22,7 @@ from hpcai500_tf.engine import optimizers
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
+from hpcai500_tf.run import stop
 from hpcai500_tf.run.trainer import checkpoint_damaged, checkpoint_unrestorable, full_batch_steps
 from hpcai500_tf.workloads.interface import Workload
 
@@ -78,6 +79,8 @@ class Engine:
             tf.function(self._loss_and_gradients, jit_compile=True) if training.xla else None
         )
         self.traced_train_step = tf.function(self._train_step)
+        # The stop votes the last steps carried, summed over the workers (run/stop.py).
+        self.votes = stop.PendingVotes(lambda summed: summed.numpy().tolist())
         self.eval_step = tf.function(self._eval_step, reduce_retracing=True)
         # The epochs a checkpoint holds, in it: a resume checks state.json against it.
         self.checkpoint_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -112,30 +115,43 @@ class Engine:
             scaled = self.optimizer.scale_loss(loss)
         return loss, tape.gradient(scaled, self.model.trainable_variables)
 
-    def _replica_train_step(self, images, labels, compiled):
+    def _replica_train_step(self, images, labels, compiled, votes):
         """Loss and gradients (XLA-compiled when `compiled`), then the optimizer's apply, which
-        all-reduces the gradients and is never compiled."""
+        all-reduces the gradients and is never compiled; the loss, with `votes` behind it
+        where given (what the step's reduction carries to every worker)."""
         if compiled:
             loss, gradients = self._compiled_loss_and_gradients(images, labels)
         else:
             loss, gradients = self._loss_and_gradients(images, labels)
         self.optimizer.apply(gradients, self.model.trainable_variables)
-        return loss + self._weights_finite_check()
+        loss += self._weights_finite_check()
+        if votes is None:
+            return loss
+        return tf.concat([tf.reshape(loss, [1]), tf.cast(votes, loss.dtype)], axis=0)
 
     def _weights_finite_check(self):
         """A term the model's kernels ask for (`models.kernels.finiteness_term`): 0 or NaN."""
         return kernels.finiteness_term(self.unchecked)
 
-    def _train_step(self, images, labels, compiled=True):
-        """One step on every replica; the summed loss. `compiled=False` traces the same step
-        without its XLA part, in one graph (what the FLOP count reads)."""
+    def _train_step(self, images, labels, votes=None, compiled=True):
+        """One step on every replica; the summed loss, and with `votes` (this worker's stop
+        vote, run/stop.py) their sums over every replica, carried by the loss's own
+        all-reduce. `compiled=False` traces the same step without its XLA part, in one graph
+        (what the FLOP count reads)."""
         compiled = compiled and self._compiled_loss_and_gradients is not None
-        losses = self.strategy.run(self._replica_train_step, (images, labels, compiled))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        losses = self.strategy.run(self._replica_train_step, (images, labels, compiled, votes))
+        summed = self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        return summed if votes is None else (summed[0], summed[1:])
 
-    def train_step(self, batch):
-        """One step on every replica of `batch` (images, labels); the summed loss."""
-        return self.traced_train_step(*batch)
+    def train_step(self, batch, vote: int | None = None):
+        """One step on every replica of `batch` (images, labels); the summed loss. `vote`:
+        this worker's stop signal (0: none), summed over the workers by the step and kept in
+        `votes` (None: the step carries no vote)."""
+        if vote is None:
+            return self.traced_train_step(*batch)
+        loss, summed = self.traced_train_step(*batch, tf.constant(stop.vote(vote)))
+        self.votes.push(summed)
+        return loss
 
     def _eval_step(self, images, labels):
         """The workload's per-example evaluation outputs, gathered from every replica."""
@@ -219,7 +235,9 @@ class Engine:
         run; with `checkpoints`, the checkpoint writer's too."""
         variables = [*self.model.variables, *self.optimizer.variables]
         saved = [tf.identity(v) for v in variables]
-        float(self.train_step(self.zero_batch))
+        # The step the run takes: on several workers, the one carrying a stop vote.
+        float(self.train_step(self.zero_batch, 0 if self.workers > 1 else None))
+        self.votes.clear()
         for variable, value in zip(variables, saved, strict=True):
             variable.assign(value)
         if checkpoints:
@@ -232,8 +250,9 @@ class Engine:
         count reads (it does not enter the call of a compiled function)."""
         images, labels = batch
         plain = (False,) if self._compiled_loss_and_gradients is not None else ()
+        votes = tf.constant(stop.vote(0)) if self.workers > 1 else None  # as the run's step
         return count_function(
-            self.traced_train_step, images, labels, *plain, batch=self.local_batch
+            self.traced_train_step, images, labels, votes, *plain, batch=self.local_batch
         )
 
     @property

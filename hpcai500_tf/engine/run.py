@@ -9,7 +9,6 @@ other TensorFlow op runs, then data and model.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
@@ -21,7 +20,6 @@ from hpcai500_tf.engine import cluster, devices
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.engine.loop import Engine
-from hpcai500_tf.engine.stop_vote import StopVote
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
 from hpcai500_tf.run import data_position
@@ -88,11 +86,6 @@ class TensorFlowTrainer(Engine, Trainer):
     def count_flops(self) -> dict:
         return measure_flops(self, self.zero_batch)
 
-    def warm_up(self, checkpoints: bool = False) -> None:
-        super().warm_up(checkpoints)
-        if self.workers > 1:  # traced (and its collective made) before the timed run
-            self.agree_stop(0)
-
     def train_batches(self, epochs_done: int = 0, batches_done: int = 0):
         """Every epoch's own stream, seeded by its epoch (run/data_position.py)."""
         t = self.setup.training
@@ -105,12 +98,8 @@ class TensorFlowTrainer(Engine, Trainer):
             open_epoch, epochs_done, batches_done, t.epochs, self.steps_per_epoch
         )
 
-    @functools.cached_property
-    def _stop_vote(self) -> StopVote:
-        return StopVote(self.strategy)
-
-    def agree_stop(self, local: int) -> int:
-        return self._stop_vote.agree(local)
+    def agreed_stop(self) -> int:
+        return self.votes.agreed()
 
     def loss_value(self, loss) -> float:
         return float(loss)

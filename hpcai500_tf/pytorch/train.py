@@ -38,7 +38,7 @@ from pathlib import Path
 from hpcai500_tf.cluster.workers import JoinWatchdog
 from hpcai500_tf.config import Setup, precision_policy_on
 from hpcai500_tf.errors import UserError, first_line
-from hpcai500_tf.pytorch import build, distributed
+from hpcai500_tf.pytorch import build, distributed, stop_vote
 from hpcai500_tf.pytorch.build import (
     check_mixed_precision,
     choose_device,
@@ -46,7 +46,7 @@ from hpcai500_tf.pytorch.build import (
     nvidia_gpus_present,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
-from hpcai500_tf.pytorch.stop_vote import StopVote
+from hpcai500_tf.run import stop
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.progress import fingerprint
@@ -217,6 +217,11 @@ class TorchTrainer(Trainer):
         self.module = model.to(self.device, memory_format=torch.channels_last)
         # Every worker starts from the chief's weights; its gradients are averaged over all.
         self.model = distributed.wrap_model(torch, self.module, self.placement, self.device)
+        # The stop votes the last steps carried in their gradient all-reduce (run/stop.py).
+        self.votes = stop.PendingVotes(lambda summed: summed.cpu().tolist())
+        self._carried = None
+        if self.placement.several:
+            self._carried = stop_vote.carry_votes(torch, self.model, self.workers)
         decayed, kept = [], []
         for parameter in self.module.parameters():
             is_bn_or_bias = parameter.ndim == 1
@@ -242,7 +247,6 @@ class TorchTrainer(Trainer):
         )
         self.initial_loss_scale = 2.0**16 if self.scaler.is_enabled() else None
         self.step = 0
-        self._stop_vote = None  # made at the first step boundary of a multi-worker run
         if self.mixed:
             check_mixed_precision(torch, self.device, self.precision)
 
@@ -269,13 +273,11 @@ class TorchTrainer(Trainer):
         position = (epochs_done, batches_done, t.epochs, self.steps_per_epoch)
         return self._on_device(self.feeder.batches(True, t.seed, position))
 
-    def agree_stop(self, local: int) -> int:
+    def agreed_stop(self) -> int:
         """The stop every worker agrees on (run/stop.py); at a stop mid-epoch, every worker's
         batch-norm statistics averaged first, as at an epoch's end (their running means are
         linear in them, so a resumed run's next average is an uninterrupted run's)."""
-        if self._stop_vote is None:
-            self._stop_vote = StopVote(self.torch)
-        agreed = self._stop_vote.agree(local)
+        agreed = self.votes.agreed()
         if agreed and self.step % self.steps_per_epoch:
             distributed.average_buffers(self.torch, self.placement, self.module)
         return agreed
@@ -286,9 +288,14 @@ class TorchTrainer(Trainer):
         dtype = self.torch.float16 if self.precision == "mixed_float16" else self.torch.bfloat16
         return self.torch.autocast(self.device.type, dtype=dtype, enabled=self.mixed)
 
-    def train_step(self, batch):
-        """One step; returns the loss tensor (reading it syncs the device)."""
+    def train_step(self, batch, vote: int | None = None):
+        """One step; returns the loss tensor (reading it syncs the device). `vote`: this
+        worker's stop signal (0: none), summed over the workers by the gradient all-reduce
+        and kept in `votes` (None, or one worker: no vote carried)."""
         images, labels = batch
+        carried = self._carried if vote is not None else None
+        if carried:
+            carried.local = stop_vote.vote_tensor(self.torch, vote, self.device)
         rate = self.schedule.rate(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = rate
@@ -299,6 +306,8 @@ class TorchTrainer(Trainer):
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if carried:
+            self.votes.push(carried.summed)
         self.step += 1
         if self.workers > 1 and self.step % self.steps_per_epoch == 0:
             # Every worker's batch-norm statistics, the mean over all at each epoch's end, as
@@ -354,7 +363,9 @@ class TorchTrainer(Trainer):
         model_state = copy.deepcopy(self.module.state_dict())
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
         step, scaler_state = self.step, copy.deepcopy(self.scaler.state_dict())
-        float(self.train_step(self._zero_batch()).detach())
+        # The step the run takes: on several workers, the one carrying a stop vote.
+        float(self.train_step(self._zero_batch(), 0 if self.workers > 1 else None).detach())
+        self.votes.clear()
         self.module.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
         self.scaler.load_state_dict(scaler_state)
@@ -513,8 +524,6 @@ class TorchTrainer(Trainer):
         return self.torch.get_num_threads()
 
     def close(self) -> None:
-        if getattr(self, "_stop_vote", None) is not None:
-            self._stop_vote.drain()  # the last step's vote, which every worker started
         feeder = getattr(self, "feeder", None)
         if feeder:
             feeder.close()

@@ -344,11 +344,11 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     first_step = epoch * steps  # global steps before this epoch's
     value = math.nan
     for step in range(start, steps):
-        _stop_if_agreed(one, step, start)
+        vote = _stop_if_agreed(one, step, start)
         examples = next(batches)
         if trace:
             trace.before(first_step + step + 1)
-        loss = trainer.train_step(examples)
+        loss = trainer.train_step(examples, vote)
         if trace:
             trace.after(first_step + step + 1, loss)
         if (step + 1) % LOG_EVERY == 0 or step + 1 == steps:
@@ -377,15 +377,16 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
         observers.on_epoch_end(epoch + 1, value, steps * batch / seconds)
 
 
-def _stop_if_agreed(one: Run, step: int, start: int) -> None:
+def _stop_if_agreed(one: Run, step: int, start: int) -> int | None:
     """Before step `step` of the epoch (this segment began it at `start`): raise
     `stop.AgreedStop` where the workers agree that a stop signal came (one worker: where it
-    came), with the progress at this step boundary."""
+    came), with the progress at this step boundary; else the vote the step is to carry
+    (several workers: this worker's signal or 0; one worker: None)."""
     request = one.stop_request
     local = request.signum if request else 0
-    agreed = local if one.workers == 1 else one.trainer.agree_stop(local)
+    agreed = local if one.workers == 1 else one.trainer.agreed_stop()
     if not agreed:
-        return
+        return None if one.workers == 1 else local
     progress = one.progress
     progress.examples += (step - start) * one.trainer.global_batch
     progress.batches_done = step

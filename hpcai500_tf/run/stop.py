@@ -1,9 +1,9 @@
 """A stop that keeps its work: a signal asks, every worker agrees at a step boundary.
 
     with listening() as request:       SIGINT, SIGTERM and SIGUSR1 only set `request.signum`
-        ... one train step ...
-        agreed = trainer.agree_stop(request.signum)   a collective on several workers
+        agreed = trainer.agreed_stop()      the votes two steps back: no collective of its own
         if agreed: raise AgreedStop(agreed, local=request.signum == agreed)
+        trainer.train_step(batch, request.signum)   the step's reduction carries the vote
 
 A signal on any one worker (Ctrl-C, scancel's SIGTERM, Slurm's SIGUSR1 warning before a time
 limit) stops every worker after the same step, so that none is left inside a collective the
@@ -11,16 +11,21 @@ others never join; the lifecycle then writes a checkpoint at that step (mid-epoc
 `stopped` record. A second signal while the first is pending raises `ForcedStop` at once
 (the escape from a step that never ends): the run stops from its last checkpoint.
 
-The vote a trainer all-reduces is `vote(signum)`, one float per stop signal; `agreed(votes)`
-reads it back. Pure Python: no framework is imported here.
+The vote a trainer carries is `vote(signum)`, one float per stop signal, summed over the
+workers by a reduction the step does anyway (TensorFlow: the loss's; PyTorch: DDP's first
+gradient bucket), and `PendingVotes` holds the sums of the last two steps: the one read is
+two steps back, long ended, so the host never waits for the device to read it, and every
+worker reads the same sums of the same step, so all stop after the same step (at most two
+steps after the one the signal came during). Pure Python: no framework is imported here.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 # In the order a vote names them: where workers got different ones, the last wins.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
@@ -76,7 +81,7 @@ _noted = StopRequest()  # a stop signal `noting` kept before the epoch loop list
 def noting(signals: Sequence[int] = (signal.SIGUSR1,)) -> Iterator[None]:
     """While inside, `signals` (whose default action ends the process) are only noted, and
     the epoch loop's `listening` takes the first one over: Slurm's warning during start-up
-    stops the run after its first step, checkpointed."""
+    stops the run after its second step (the first whose vote is read), checkpointed."""
     _noted.signum = 0
     _noted.defer = True  # never raises: start-up has no step boundary to wait for
     with _installed(_noted, signals):
@@ -128,6 +133,24 @@ def agreed(votes: Sequence[float]) -> int:
         if count > 0:
             return int(signum)
     return 0
+
+
+class PendingVotes:
+    """The summed votes of a worker's last two steps (framework tensors, read by `read`):
+    `agreed()` reads the older one, two steps back; nothing before two steps have run."""
+
+    def __init__(self, read: Callable[[object], Sequence[float]]):
+        self.read = read
+        self.pending: collections.deque = collections.deque(maxlen=2)
+
+    def push(self, summed) -> None:
+        self.pending.append(summed)
+
+    def agreed(self) -> int:
+        return agreed(self.read(self.pending[0])) if len(self.pending) == 2 else 0
+
+    def clear(self) -> None:
+        self.pending.clear()
 
 
 def warning(stop: AgreedStop, epochs_done: int, batches_done: int, resume: str) -> str:

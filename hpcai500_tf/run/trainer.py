@@ -194,11 +194,14 @@ class Trainer(ABC):
     @abstractmethod
     def train_batches(self, epochs_done: int, batches_done: int = 0) -> Iterator: ...
 
+    # The stop the workers agreed on, from the votes the step before last carried (run/stop.py)
     @abstractmethod
-    def agree_stop(self, local: int) -> int: ...  # several workers: a collective (run/stop.py)
+    def agreed_stop(self) -> int: ...
 
+    # The loss (reading it is `loss_value`); `vote`: this worker's stop signal, carried to every
+    # worker by the step's own reduction (None: no vote, one worker)
     @abstractmethod
-    def train_step(self, batch): ...  # returns the loss (reading it is `loss_value`)
+    def train_step(self, batch, vote: int | None = None): ...
 
     @abstractmethod
     def loss_value(self, loss) -> float: ...  # syncs the device
