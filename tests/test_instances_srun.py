@@ -120,9 +120,10 @@ print("child ready", flush=True)
 time.sleep(60)
 """
 TASK = """\
-import sys
+import os, signal, sys
 from hpcai500_tf.run import slurm_task
 code, by = slurm_task.run_instance([sys.executable, "-c", sys.argv[1]], None)
+os.kill(os.getpid(), signal.SIGTERM)  # a late stop, as the task writes its note: held
 print("task", code, by, flush=True)
 sys.exit(code)
 """
@@ -131,7 +132,8 @@ sys.exit(code)
 @pytest.mark.parametrize("whole_step", [True, False], ids=["every-process", "the-task-alone"])
 def test_a_stop_to_the_task_reaches_its_instance_and_the_task_returns(whole_step):
     """scancel signals every process of the step (the task and its child); a signal to the
-    task alone is passed on. Either way the child stops once and the task lives to return."""
+        task alone is passed on. Either way the child stops once and the task lives to return,
+    a stop after its child ended held until it exits."""
     task = subprocess.Popen(
         [sys.executable, "-c", TASK, CHILD], env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0,

@@ -6,7 +6,9 @@ handler, passes the signal on (a second SIGTERM is ignored by a run already stop
 for the child to end, and returns, so that the task still leaves its member note and the
 last chief the throughput record. SIGINT is passed on as it is, SIGHUP as SIGTERM. A child
 that has not ended `STOP_GRACE_S` after the signal is killed (Slurm's KillWait, 30 s by
-default, kills both sooner where it is shorter).
+default, kills both sooner where it is shorter). The stop signals stay blocked once the
+child has ended: a stop that comes as the task writes its member note (milliseconds before it
+exits) cannot cut the note or the throughput record short.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def run_instance(command: list[str], env: dict[str, str]) -> tuple[int, int | No
         if stop.child is not None and stop.child.poll() is None:  # never outlives this task
             stop.child.kill()
             stop.child.wait()
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED))  # see the module's doc
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return stop.child.returncode, stop.received
