@@ -11,8 +11,10 @@ sampled here, once for the machine, over the whole window.
 
 Under srun each task runs its instance's `train` with its group's step variables
 (`instances.slurm_group`); the chief of each instance leaves its member note beside the runs,
-and whichever chief ends last writes the throughput record (energy is then each instance's,
-in its own record: the window's is not measured).
+and whichever chief ends last writes the throughput record, its energy the members' records'
+added over their disjoint nodes (run/window_energy.py). A scancel's SIGTERM reaches every
+task: each passes it on and waits for its instance (run/slurm_task.py), so the stopped
+members are named in a throughput record of status `stopped`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.cluster import instances as plans
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
-from hpcai500_tf.run import throughput
+from hpcai500_tf.run import slurm_task, throughput, window_energy
 
 STOP_GRACE_S = 60.0  # for the instances to write their stopped records after a signal
 KILL_WAIT_S = 10.0
@@ -333,11 +335,13 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
         f"(task {group.index_in_group} of {group.tasks_per_instance}; seed {seed})",
         flush=True,
     )
-    code = subprocess.call(command, env=env)
+    code, stopped_by = slurm_task.run_instance(command, env)  # a scancel leaves the task here
     if group.chief:
+        by = None if stopped_by is None else signal.Signals(stopped_by).name
+        ended = ended_words(code) if by is None else f"stopped by {by}: {ended_words(code)}"
         note = {"index": group.instance, "seed": seed, "run_dir": run_dir_of(out),
-                "exit_code": code, "ended": ended_words(code),
-                "hosts": list(group.nodes)}  # fmt: skip
+                "exit_code": code, "ended": ended, "hosts": list(group.nodes),
+                "stopped_by": by}  # fmt: skip
         note_path = parent / MEMBER_NOTE.format(index=group.instance)
         record_io.write_atomic(note_path, note, overwrite=True)
         _assemble(parent, setup, group)
@@ -352,13 +356,18 @@ def _assemble(parent: Path, setup, group: plans.SlurmGroup) -> None:
         return
     members = [record_io.parse_json(p.read_text(), p, "member note") for p in notes]
     data = _record(setup, group.instances, group.tasks_per_instance, members, "slurm", None)
+    stopped = [m for m in members if m.get("stopped_by")]
+    if stopped:  # a scancel (or srun's stop) reached these instances: one stop, not scored
+        data["status"] = "stopped"
+        data["warnings"].append(
+            f"stopped by {stopped[0]['stopped_by']}: instance(s) "
+            f"{', '.join(str(m['index']) for m in stopped)} of {group.instances}"
+        )
     seen = [throughput.read_member(parent, m) for m in members]
     start, stop = throughput.member_window(seen)
     data["window"] = {"start": start, "stop": stop}
-    data["energy"] = record_io.energy_not_measured(
-        "under srun each instance measures its own nodes (in its record); the window's "
-        "energy is not summed across instances"
-    )
+    data["energy"], more = window_energy.members_energy(seen, start, stop)
+    data["warnings"] += more
     try:
         record_io.write_atomic(parent / throughput.FILE, data)
     except UserError:

@@ -1,0 +1,150 @@
+"""`train --instances M` under srun, without a Slurm: the window's energy from the members'
+records (run/window_energy.py, simulated sensors through the project's sampler) and a stop
+that reaches every task of the step (run/slurm_task.py, a plain child in place of `train`)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcai500_tf.energy import sampler as power
+from hpcai500_tf.energy.sources import Source
+from hpcai500_tf.results import scoring
+from hpcai500_tf.run import window_energy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _counter(watts: float, clock: Clock):
+    """A cumulative energy counter at constant power, read off the simulated clock."""
+    return lambda: watts * clock.now
+
+
+def _member_energy(sources: list[Source], start: float, stop: float, notes=()) -> dict:
+    """A member's record energy block as one run makes it: its sources sampled at 10 Hz over
+    its timed run [start, stop], put through the record's block."""
+    clock = Clock(start - 0.05)
+    for source in sources:
+        source.read_value = source.read_value(clock)
+    sampler = power.PowerSampler(sources, hz=10, clock=clock)
+    while clock.now <= stop + 0.1:
+        sampler.sample_once()
+        clock.now += 0.1
+    block, _ = power.energy_block(sampler.measure([(start, stop)]), list(notes), stop - start, 10)
+    return block
+
+
+def _member(index: int, host: str, energy: dict | None, ended: str = "exited 0") -> dict:
+    record = None if energy is None else {"energy": energy}
+    return {"index": index, "hosts": [host], "ended": ended, "record": record}
+
+
+def _cpu(watts: float) -> Source:
+    source = Source("rapl:package-0", "CPU package", "counter", "a simulated RAPL counter")
+    source.read_value = lambda clock: _counter(watts, clock)
+    return source
+
+
+def _gpu(watts: float) -> Source:
+    source = Source("gpu0", "GPU board", "counter", "a simulated NVML counter", uuid="GPU-a")
+    source.read_value = lambda clock: _counter(watts, clock)
+    return source
+
+
+def test_the_window_adds_each_instances_nodes_once_and_names_the_uncovered_time():
+    """Instance 0 on node9 (a CPU package at 100 W and a GPU at 200 W) trains the whole
+    100 s window; instance 1 on node10 (a CPU package at 60 W) only its last 80 s."""
+    members = [
+        _member(0, "node9", _member_energy([_cpu(100.0), _gpu(200.0)], 1000.0, 1100.0)),
+        _member(1, "node10", _member_energy([_cpu(60.0)], 1020.0, 1100.0)),
+    ]
+    energy, warnings = window_energy.members_energy(members, 1000.0, 1100.0)
+    assert energy["measured"] and energy["interval_s"] == pytest.approx(100.0)
+    assert energy["joules"] == pytest.approx(300.0 * 100 + 60.0 * 80, rel=1e-3)
+    assert energy["average_watts"] == pytest.approx(360.0, rel=1e-3)  # each node once
+    assert energy["coverage"] == pytest.approx(0.8, abs=0.01)  # instance 1's 80 of 100 s
+    (note,) = energy["notes"]
+    assert note.startswith("instance 1 (node10): its readings cover its own timed run, 80")
+    assert any(f.startswith("instance 1: below MLPerf-power quality") for f in warnings)
+    assert "instance 0 (node9)" in energy["scope"] and "instance 1 (node10)" in energy["scope"]
+    assert {s["instance"] for s in energy["sources"]} == {0, 1}
+    watts, said = scoring.scored_power(energy)
+    assert watts == pytest.approx(360.0, rel=1e-3) and said.startswith("measured: instance 0")
+
+
+def test_a_member_without_energy_leaves_the_window_not_measured_naming_it():
+    measured = _member_energy([_cpu(100.0)], 1000.0, 1010.0)
+    off = {**measured, "measured": False, "reason": "power sampling was switched off"}
+    for second, words in [
+        (_member(1, "node10", None, "killed by SIGKILL"), "instance 1 (node10): no record (killed"),
+        (_member(1, "node10", off), "instance 1 (node10): not measured (power sampling was"),
+        (_member(1, "node9", measured), "instances 0 and 1 both ran on node9"),
+    ]:
+        members = [_member(0, "node9", measured), second]
+        energy, _ = window_energy.members_energy(members, 1000.0, 1010.0)
+        assert not energy["measured"] and energy["reason"].startswith(words), energy["reason"]
+        assert scoring.scored_power(energy)[0] is None  # never a per-watt figure from part
+
+
+def test_a_member_lacking_its_other_workers_energy_gives_no_per_watt_figure():
+    lost = power.not_gathered(2, "energy", "a peer was lost")  # as run/energy.py notes it
+    energy = _member_energy([_cpu(100.0)], 1000.0, 1010.0, [lost])
+    summed, _ = window_energy.members_energy([_member(0, "node9", energy)], 1000.0, 1010.0)
+    assert summed["measured"]
+    watts, said = scoring.scored_power(summed)
+    assert watts is None and "worker 1: energy not gathered" in said
+
+
+# ----------------------------------------------------------------------------- a stop
+
+CHILD = """\
+import signal, sys, time
+def stop(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a stopping run: later ones ignored
+    print("child stopped by", signum, flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("child ready", flush=True)
+time.sleep(60)
+"""
+TASK = """\
+import os, signal, sys
+from hpcai500_tf.run import slurm_task
+code, by = slurm_task.run_instance([sys.executable, "-c", sys.argv[1]], None)
+os.kill(os.getpid(), signal.SIGTERM)  # a late stop, as the task writes its note: held
+print("task", code, by, flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("whole_step", [True, False], ids=["every-process", "the-task-alone"])
+def test_a_stop_to_the_task_reaches_its_instance_and_the_task_returns(whole_step):
+    """scancel signals every process of the step (the task and its child); a signal to the
+        task alone is passed on. Either way the child stops once and the task lives to return,
+    a stop after its child ended held until it exits."""
+    task = subprocess.Popen(
+        [sys.executable, "-c", TASK, CHILD], env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0,
+    )  # fmt: skip
+    assert task.stdout.readline().strip() == "child ready"
+    if whole_step:
+        os.killpg(task.pid, signal.SIGTERM)
+    else:
+        task.send_signal(signal.SIGTERM)
+    began = time.monotonic()
+    output, _ = task.communicate(timeout=30)
+    assert time.monotonic() - began < 10
+    assert task.returncode == 143, output
+    assert output.splitlines() == ["child stopped by 15", f"task 143 {int(signal.SIGTERM)}"]
