@@ -32,7 +32,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.ensemble:  # the members' form (run/ensemble.py): what it cannot go with, first
         from hpcai500_tf.run import ensemble
 
-        ensemble.check_arguments(args, backend.name)
+        ensemble.check_arguments(args, backend)
     if args.instances is not None:  # M runs at once, scored as one throughput
         from hpcai500_tf.run import instance_launch
 

@@ -39,7 +39,7 @@ RULE = {
 SAMPLE_FIELD = ("L9", "training_sample")  # each member's own draw: not a layer difference
 
 
-def check_arguments(args, framework: str) -> None:
+def check_arguments(args, backend) -> None:
     """What `--ensemble` cannot go with, in one line before anything starts."""
     from hpcai500_tf import config
     from hpcai500_tf.cluster import workers
@@ -47,10 +47,10 @@ def check_arguments(args, framework: str) -> None:
 
     if args.instances is None:
         raise UserError("--ensemble trains M members at once: give --instances M with it")
-    if framework != "tensorflow":
+    if not backend.saves_predictions:
         raise UserError(
-            "--ensemble is built for TensorFlow only: the PyTorch evaluation does not save "
-            "its probabilities (drop --framework pytorch)"
+            f"--ensemble is not built for --framework {backend.name}: its evaluation does not "
+            "save its probabilities (TensorFlow's does)"
         )
     if workers.under_slurm():
         raise UserError("--ensemble under srun is not built: run its members on one machine")
