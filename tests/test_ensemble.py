@@ -5,6 +5,7 @@ what `--ensemble` cannot go with refused in one line before any training."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,7 +168,7 @@ def test_two_members_make_one_ensemble_the_test_recomputes(two_members):
         rec = record.load(run_dir / "record.json")
         records.append(rec)
         assert rec["layers"]["L8"]["seed"] == 10  # one seed: one data set, one evaluation set
-        saved = json.loads((run_dir / "config.json").read_text())
+        saved = json.loads((run_dir / "config.json").read_text())["config"]
         assert saved["data"]["bootstrap_member"] == index
         rebuilt = ImageClassification(saved, None).sample  # what a resume of it trains on
         assert np.array_equal(rebuilt, bootstrap.draw(10, index, 256))
@@ -203,6 +204,14 @@ def test_ensembles_are_ranked_apart_and_reported_with_their_members(two_members,
     assert main(["rank", "--json", str(path)]) == 0
     (ranking,) = json.loads(capsys.readouterr().out)
     assert (ranking["form"], ranking["benchmark"]) == ("ensemble", "image_classification")
+    weak = tmp_path / "weak"  # the same members read as the weak-scaling form: ranked apart
+    shutil.copytree(path.parent, weak)
+    data = json.loads((weak / "throughput.json").read_text())
+    data["form"], data["rule"] = "weak_scaling", dict(throughput.RULE)
+    (weak / "throughput.json").write_text(json.dumps(data))
+    assert main(["rank", "--json", str(path), str(weak / "throughput.json")]) == 0
+    forms = [r["form"] for r in json.loads(capsys.readouterr().out)]
+    assert forms == ["ensemble", "weak_scaling"]
     assert main(["score", str(path)]) == 0
     assert "Ensemble quality" in capsys.readouterr().out
     assert main(["report", str(path.parent), "--out", str(tmp_path / "report")]) == 0
