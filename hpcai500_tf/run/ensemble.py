@@ -47,6 +47,8 @@ def check_arguments(args, backend) -> None:
 
     if args.instances is None:
         raise UserError("--ensemble trains M members at once: give --instances M with it")
+    if args.resume or args.run_dir:
+        return  # --instances refuses them next, in its own words
     if not backend.saves_predictions:
         raise UserError(
             f"--ensemble is not built for --framework {backend.name}: its evaluation does not "
