@@ -216,6 +216,10 @@ def test_ensembles_are_ranked_apart_and_reported_with_their_members(two_members,
     assert forms == ["ensemble", "weak_scaling"]
     assert main(["score", str(path)]) == 0
     assert "Ensemble quality" in capsys.readouterr().out
+    member = path.parent / throughput.load(path)["members"][0]["run_dir"] / "record.json"
+    assert main(["rank", "--json", str(member)]) == 0  # a member alone is not ranked
+    assert "an ensemble member" in capsys.readouterr().out
+    assert not any("ensemble member" in why for why in ranking["refused"][0]["reasons"])
     assert main(["report", str(path.parent), "--out", str(tmp_path / "report")]) == 0
     (page,) = (tmp_path / "report").glob("throughput-*.html")
     text = page.read_text()

@@ -302,7 +302,10 @@ def member_refusals(path: Path | str, data: dict, level_name: str) -> list[str]:
     for member in data["members"]:
         rec = read_member(Path(path).parent, member)["record"]
         if rec is not None:
-            found = scoring.refusal(rec, benchmark, level, result_needed=False)
+            found = scoring.refusal(
+                rec, benchmark, level, result_needed=False,
+                sample_allowed=data["form"] == ensemble.FORM,
+            )  # fmt: skip
             reasons += [f"instance {member['index']}: {why}" for why in found]
     return list(dict.fromkeys(reasons))
 
