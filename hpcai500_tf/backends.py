@@ -45,6 +45,7 @@ class Backend:
     reads_torchrun: bool  # WORLD_SIZE, RANK: torchrun's (and the launcher's) workers
     reads_tf_config: bool  # TF_CONFIG's cluster is this framework's to check and join
     takes_device: bool  # --device (TensorFlow uses the devices it sees)
+    saves_predictions: bool  # an ensemble member's evaluation probabilities (run/ensemble.py)
     _load: Callable[[], object] = field(repr=False)
     _library_layers: Callable[[], tuple[dict, dict]] = field(repr=False)
     _worker_environments: Callable = field(repr=False)
@@ -158,6 +159,7 @@ _BACKENDS = {
         reads_torchrun=False,
         reads_tf_config=True,
         takes_device=False,
+        saves_predictions=True,
         _load=_load_tensorflow,
         _library_layers=_tensorflow_library_layers,
         _worker_environments=_tensorflow_workers,
@@ -171,6 +173,7 @@ _BACKENDS = {
         reads_torchrun=True,
         reads_tf_config=False,
         takes_device=True,
+        saves_predictions=False,  # its evaluation counts correct answers only
         _load=_load_pytorch,
         _library_layers=_pytorch_library_layers,
         _worker_environments=_pytorch_workers,

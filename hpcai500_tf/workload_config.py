@@ -16,6 +16,13 @@ IMAGE_CLASSIFICATION_DATASETS = {
     "random": "random (quality not measured)",
 }
 
+# Why a bootstrap sample (an ensemble member's data) is drawn from procedural data only.
+BOOTSTRAP_SOURCES = (
+    "bootstrap_member draws training examples by index: it needs source = 'procedural', not "
+    "'{source}' (random data measures no quality; ImageNet TFRecords are read in shuffled "
+    "shard order, with no index per example: not built)"
+)
+
 EXTREME_WEATHER_DATASETS = {
     "hdf5": "extremeweather",
     "synthetic": "synthetic-extremeweather",
@@ -39,6 +46,9 @@ class ImageClassificationData:
     # still vary): in memory, or in tf.data cache files in `cache_dir` (a node-local directory).
     cache: bool = False
     cache_dir: str = ""
+    # An ensemble member's index (`train --instances M --ensemble`): it trains on its bootstrap
+    # sample of the training split (data/bootstrap.py); -1: on the whole split.
+    bootstrap_member: int = -1
 
     def check(self) -> str | None:
         if self.source not in IMAGE_CLASSIFICATION_DATASETS:
@@ -57,11 +67,14 @@ class ImageClassificationData:
             eval_examples=(0, validation.INT32_MAX),
             shuffle_buffer=(1, 10_000_000),
             noise=(0, 100),
+            bootstrap_member=(-1, validation.INT32_MAX),
         )
         if problem:
             return problem
         if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
             return "generated data needs train_examples and eval_examples > 0"
+        if self.bootstrap_member >= 0 and self.source != "procedural":
+            return BOOTSTRAP_SOURCES.format(source=self.source)
         return None
 
 

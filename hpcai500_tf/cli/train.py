@@ -29,6 +29,10 @@ def _train(args: argparse.Namespace) -> int:
         check_output_directory("--out", args.out)
     backend = _backend(args)
     backend.check_arguments(device=args.device)
+    if args.ensemble:  # the members' form (run/ensemble.py): what it cannot go with, first
+        from hpcai500_tf.run import ensemble
+
+        ensemble.check_arguments(args, backend)
     if args.instances is not None:  # M runs at once, scored as one throughput
         from hpcai500_tf.run import instance_launch
 
@@ -205,6 +209,12 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
         metavar="M",
         help="train M independent instances at once (each its own run; --workers N: N in all), "
         "scored as one throughput in models per minute (docs/throughput.md)",
+    )
+    train.add_argument(
+        "--ensemble",
+        action="store_true",
+        help="with --instances M: train M ensemble members, each on its bootstrap sample of "
+        "the training data, scored by the ensemble's quality (docs/throughput.md)",
     )
     train.add_argument(
         "--tensorboard",

@@ -48,11 +48,18 @@ def procedural_dataset(
     training: bool,
     shard: tuple[int, int] = (1, 0),
     shuffle_seed: int | None = None,
+    sample=None,
 ) -> tf.data.Dataset:
     """Examples [0, examples) of the split, drawn by `seed`; training shuffles each epoch,
-    seeded by `shuffle_seed` (default `seed`)."""
+    seeded by `shuffle_seed` (default `seed`). `sample` (training only): the example indices
+    to train on instead (a bootstrap sample, run/bootstrap.py), shuffled so within."""
     offset = 0 if training else EVAL_SEED_OFFSET
-    indices = tf.data.Dataset.range(examples).shard(*shard)
+    if sample is not None and training:
+        indices = tf.data.Dataset.from_tensor_slices(tf.constant(sample, tf.int64))
+        examples = len(sample)
+    else:
+        indices = tf.data.Dataset.range(examples)
+    indices = indices.shard(*shard)
     if training:
         order = seed if shuffle_seed is None else shuffle_seed
         indices = indices.shuffle(examples, seed=order, reshuffle_each_iteration=True)

@@ -175,6 +175,8 @@ class Engine:
             # The workload's parallel interleaves and maps take their order from this option.
             options = tf.data.Options()
             options.deterministic = self.training.deterministic
+            if not training and getattr(self.workload, "keeps_predictions", False):
+                options.deterministic = True  # an ensemble member's rows: evaluation order
             dataset = dataset.with_options(options)
             dataset = dataset.batch(batch, drop_remainder=training)
             if skip:  # a resumed epoch's batches trained before the stop

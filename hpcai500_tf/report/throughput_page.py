@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.report import charts
+from hpcai500_tf.report import charts, ensemble_view
 from hpcai500_tf.report.console import duration, si
 from hpcai500_tf.report.html_parts import (
     card,
@@ -21,7 +21,7 @@ from hpcai500_tf.report.html_parts import (
     section,
     table,
 )
-from hpcai500_tf.run import throughput
+from hpcai500_tf.run import ensemble, throughput
 
 
 def split(arguments: list[str]) -> tuple[list[Path], list[str]]:
@@ -69,6 +69,9 @@ def _score_section(path: Path, data: dict) -> str:
         one = throughput.score(path, data)
     except UserError as error:
         return section("score", "Throughput", missing([str(error)]))
+    if isinstance(one, ensemble.EnsembleScore):
+        rows = [(name, escape(value)) for name, value in ensemble_view.score_rows(one)]
+        return section("score", "Ensemble", card(rows))
     per_watt = one.valid_flops_per_watt
     rows = [
         ("Rule", escape(one.rule)),

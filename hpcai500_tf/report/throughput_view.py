@@ -13,8 +13,9 @@ from dataclasses import asdict
 from rich.table import Table
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.report import ensemble_view
 from hpcai500_tf.report.console import console, duration, escape, refused_table, si
-from hpcai500_tf.run import throughput
+from hpcai500_tf.run import ensemble, throughput
 
 
 def split(paths: list[str]) -> tuple[list[str], list[str]]:
@@ -24,6 +25,8 @@ def split(paths: list[str]) -> tuple[list[str], list[str]]:
 
 
 def throughput_table(path: str, one: throughput.ThroughputScore) -> Table:
+    if isinstance(one, ensemble.EnsembleScore):
+        return ensemble_view.ensemble_table(path, one)
     table = Table(title=escape(f"{one.benchmark} / {one.form}: {path}"), show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
@@ -66,6 +69,8 @@ def score_apart(args) -> list[str]:
 
 
 def ranking_table(ranking: throughput.ThroughputRanking) -> Table:
+    if ranking.form == ensemble.FORM:
+        return ensemble_view.ranking_table(ranking)
     table = Table(title=escape(f"{ranking.benchmark}: throughput ({ranking.form})"))
     for column in ("#", "Record", "Instances", "Models/min", "Window", "Aggregate Valid FLOPS"):
         table.add_column(column)

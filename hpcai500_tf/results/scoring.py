@@ -256,11 +256,13 @@ def refusal(
     level: Level,
     convention: str = "stated",
     result_needed: bool = True,
+    sample_allowed: bool = False,
 ) -> list[str]:
     """Every rule of the level this record breaks; empty when it may be ranked. A convention
     that reads records at the benchmark's problem leaves their own target and epochs free;
     without `result_needed` (an MLPerf run that did not converge) the run's status and result
-    are not asked for."""
+    are not asked for. An ensemble member (trained on its bootstrap sample) is ranked only
+    as one of its ensemble's (`sample_allowed`)."""
     reasons = []
     if record["benchmark"] != benchmark.name:
         return [f"benchmark '{record['benchmark']}', not '{benchmark.name}'"]
@@ -285,6 +287,11 @@ def refusal(
     for key, expected in required.items():
         if problem.get(key) != expected:
             reasons.append(f"L9 problem: {key} {problem.get(key)!r} is not {expected!r}")
+    if problem.get("training_sample") and not sample_allowed:
+        reasons.append(
+            "L9 problem: trained on its bootstrap sample of the training data (an ensemble "
+            "member): its ensemble's record is ranked, not it"
+        )
     for layer in LAYER_IDS[:-1]:
         if layer in level.may_differ:
             continue

@@ -33,7 +33,7 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.cluster import instances as plans
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
-from hpcai500_tf.run import slurm_task, throughput, window_energy
+from hpcai500_tf.run import ensemble, slurm_task, throughput, window_energy
 
 STOP_GRACE_S = 60.0  # for the instances to write their stopped records after a signal
 KILL_WAIT_S = 10.0
@@ -56,11 +56,13 @@ def check_arguments(args) -> None:
         raise UserError("TF_CONFIG is set: --instances makes each instance's cluster itself")
 
 
-def child_arguments(args, seed: int, workers: int, out: Path) -> list[str]:
-    """One instance's `train` arguments: the user's, its seed, its workers, its directory."""
+def child_arguments(args, seed: int, workers: int, out: Path, index: int = 0) -> list[str]:
+    """One instance's `train` arguments: the user's, its seed (an ensemble member's sample),
+    its workers, its directory."""
     from hpcai500_tf.run import launch  # the forwarding `--workers` already does
 
     forwarded = [*launch.worker_args(args), "--set", f"training.seed={seed}"]
+    forwarded += ensemble.member_arguments(args, index)
     if workers > 1:
         forwarded += ["--workers", str(workers)]
     return [sys.executable, "-m", "hpcai500_tf.cli", "train", *forwarded, "--out", str(out)]
@@ -145,7 +147,9 @@ def start_sampling(hz: float):
 
 def run_local(args, setup, plan: plans.LocalPlan) -> int:
     parent = parent_directory(args.out, setup, plan.instances)
-    seeds = plans.seeds(setup.training.seed, plan.instances)
+    seeds = ensemble.seeds(args, setup.training.seed, plan.instances) or plans.seeds(
+        setup.training.seed, plan.instances
+    )
     processes: list[subprocess.Popen] = []
     stop = _Stop(processes)
     previous = {signum: signal.signal(signum, stop) for signum in FORWARDED}
@@ -164,7 +168,7 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
             out.mkdir()
             log = open_for_append(parent / f"instance-{index}.log")
             logs.append(log)
-            command = child_arguments(args, seed, plan.workers_per_instance, out)
+            command = child_arguments(args, seed, plan.workers_per_instance, out, index)
             processes.append(
                 subprocess.Popen(
                     command, env={**os.environ, **env}, stdout=log, stderr=log,
@@ -193,6 +197,7 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
         shutil.rmtree(parent, ignore_errors=True)
         raise UserError(refused)
     data = _record(setup, plan.instances, plan.workers_per_instance, members, "local", stop)
+    ensemble.mark(data, args)
     data["energy"], more = _window_energy(parent, data, sampler, notes, args.power_hz)
     data["warnings"] += more
     path = record_io.write_atomic(parent / throughput.FILE, data)
@@ -311,11 +316,7 @@ def _report(path: Path, data: dict, processes, stop) -> int:
         except UserError as error:
             print(f"no throughput score: {error}", flush=True)
         else:
-            print(
-                f"{one.counted} of {one.instances} instance(s) reached the target in "
-                f"{one.window_s:.1f} s: {one.models_per_minute:.3g} models/min",
-                flush=True,
-            )
+            print(one.summary(), flush=True)
     if stop.received is not None:
         return 128 + stop.received
     return 0 if processes and all(p.returncode == 0 for p in processes) else 1

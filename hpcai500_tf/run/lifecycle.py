@@ -33,7 +33,7 @@ from hpcai500_tf.config import Setup
 from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.mlperf.mllog import MLLogger
-from hpcai500_tf.run import directory, resume, stop
+from hpcai500_tf.run import directory, predictions, resume, stop
 from hpcai500_tf.run import energy as run_energy
 from hpcai500_tf.run.checkpoints import cadence, checkpoint_due, restore, save_checkpoint
 from hpcai500_tf.run.directory import RunDirectory
@@ -399,6 +399,7 @@ def evaluate(one: Run, epoch: int, segment_start: float) -> None:
         return
     one.mllog.start("eval_start", metadata={"epoch_num": epoch + 1})
     quality = one.trainer.evaluate()
+    predictions.keep(one, epoch + 1)  # an ensemble member's probabilities, beside its record
     progress = one.progress
     progress.curve.append(
         {

@@ -27,13 +27,14 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_regular_file
 from hpcai500_tf.layers import LAYER_IDS
+from hpcai500_tf.run import ensemble
 from hpcai500_tf.run.directory import MLPERF_LOG, RECORD_FILE
 from hpcai500_tf.validation import compile_shape, invalid
 
 KIND = "hpcai500-throughput"
 SCHEMA_VERSION = 1
 FILE = "throughput.json"
-FORMS = ("weak_scaling",)
+FORMS = ("weak_scaling", ensemble.FORM)  # ensemble: run/ensemble.py
 STATUSES = ("completed", "stopped")
 RULE = {
     "name": "MLPerf HPC throughput (weak scaling)",
@@ -188,6 +189,16 @@ class ThroughputScore:
     members: list[dict] = field(default_factory=list)  # index, status, quality, counted, why
     rule: str = ""
 
+    @property
+    def rank_value(self) -> float:
+        return self.models_per_minute
+
+    def summary(self) -> str:
+        return (
+            f"{self.counted} of {self.instances} instance(s) reached the target in "
+            f"{self.window_s:.1f} s: {self.models_per_minute:.3g} models/min"
+        )
+
 
 def layer_difference(records: list[dict]) -> str | None:
     """The first layer in which the members' records differ (their seeds, where they ran and
@@ -195,6 +206,8 @@ def layer_difference(records: list[dict]) -> str | None:
     from hpcai500_tf.results.scoring import submission_key
 
     keys = [json.loads(submission_key(rec)) for rec in records]
+    for key in keys:  # an ensemble member's own bootstrap sample is its seed's kind
+        key[ensemble.SAMPLE_FIELD[0]].pop(ensemble.SAMPLE_FIELD[1], None)
     for layer in LAYER_IDS:
         values = [key[layer] for key in keys]
         if any(value != values[0] for value in values[1:]):
@@ -211,9 +224,10 @@ def layer_difference(records: list[dict]) -> str | None:
     return None
 
 
-def score(path: Path | str, data: dict | None = None) -> ThroughputScore:
-    """The throughput record at `path` scored from its members' files; one line where it
-    cannot be (stopped, no member ran, members that differ in a layer)."""
+def score(path: Path | str, data: dict | None = None):
+    """The throughput record at `path` scored from its members' files (an ensemble's:
+    ensemble.score); one line where it cannot be (stopped, no member ran, members that
+    differ in a layer)."""
     from hpcai500_tf import config
     from hpcai500_tf.results import scoring
 
@@ -234,6 +248,8 @@ def score(path: Path | str, data: dict | None = None) -> ThroughputScore:
             f"{path}: the instances' MLPerf logs give no window (run_start to run_stop)"
         )
     benchmark = config.load_benchmark(data["benchmark"])
+    if data["form"] == ensemble.FORM:
+        return ensemble.score(path, data, members, (start, stop), benchmark)
     total = valid = 0.0
     shown = []
     for member in members:
@@ -286,7 +302,10 @@ def member_refusals(path: Path | str, data: dict, level_name: str) -> list[str]:
     for member in data["members"]:
         rec = read_member(Path(path).parent, member)["record"]
         if rec is not None:
-            found = scoring.refusal(rec, benchmark, level, result_needed=False)
+            found = scoring.refusal(
+                rec, benchmark, level, result_needed=False,
+                sample_allowed=data["form"] == ensemble.FORM,
+            )  # fmt: skip
             reasons += [f"instance {member['index']}: {why}" for why in found]
     return list(dict.fromkeys(reasons))
 
@@ -294,7 +313,8 @@ def member_refusals(path: Path | str, data: dict, level_name: str) -> list[str]:
 def rank(
     paths: list[str], benchmark: str | None = None, level: str = "free"
 ) -> list[ThroughputRanking]:
-    """One ranking per form and benchmark, by models per minute; a record that cannot be
+    """One ranking per form and benchmark, by models per minute (an ensemble's: by Valid
+    FLOPS); a record that cannot be
     scored, whose members the level's rules refuse, or of another benchmark than
     `benchmark`, is refused with its reasons in its form and benchmark's ranking."""
     groups: dict[tuple[str, str], ThroughputRanking] = {}
@@ -317,5 +337,5 @@ def rank(
             ranking.entries.append((path, one))
     rankings = [groups[key] for key in sorted(groups)]
     for ranking in rankings:
-        ranking.entries.sort(key=lambda item: item[1].models_per_minute, reverse=True)
+        ranking.entries.sort(key=lambda item: item[1].rank_value, reverse=True)
     return rankings

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from hpcai500_tf import config
-from hpcai500_tf.data import imagenet, listing, procedural
+from hpcai500_tf.data import bootstrap, imagenet, listing, procedural
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models import resnet
 from hpcai500_tf.models.kernels import resolve
@@ -60,6 +60,17 @@ class ImageClassification:
         self.eval_examples = self.data.eval_examples
         if self.data.source == "imagenet":
             self._verify_data()
+        # An ensemble member: its bootstrap sample of the training split, and the evaluation
+        # probabilities it keeps (run/predictions.py saves them); None for any other run.
+        self.sample, self.predictions = self._bootstrap_sample(), None
+
+    def _bootstrap_sample(self):
+        member = self.data.bootstrap_member
+        if member < 0:
+            return None
+        sample = bootstrap.draw(self.content_seed, member, self.train_examples)
+        self.facts["training_sample"] = bootstrap.description(self.content_seed, member, sample)
+        return sample
 
     def _verify_data(self) -> None:
         """Count and fingerprint both splits and sample their labels; compare them with the
@@ -126,6 +137,12 @@ class ImageClassification:
         }
 
     @property
+    def keeps_predictions(self) -> bool:
+        """An ensemble member's: its evaluation keeps its probabilities, in evaluation order
+        (the engine reads the split in order for it)."""
+        return self.sample is not None
+
+    @property
     def measures_quality(self) -> bool:
         return self.data.source != "random"
 
@@ -151,7 +168,7 @@ class ImageClassification:
             examples = d.train_examples if training else d.eval_examples
             return procedural.procedural_dataset(
                 examples, self.content_seed, d.image_size, d.num_classes, d.noise, training,
-                shard, shuffle_seed=seed,
+                shard, shuffle_seed=seed, sample=self.sample,
             )  # fmt: skip
         # With data.cache, every stream of a split (each epoch's, each evaluation) reads the
         # one cached dataset of its records, which the first pass filled; every evaluation
@@ -201,16 +218,27 @@ class ImageClassification:
         return tf.zeros([], tf.int32)
 
     def eval_outputs(self, model, images, labels) -> dict:
-        """Per example: 1 where the top prediction is the label."""
+        """Per example: 1 where the top prediction is the label; an ensemble member's also
+        its class probabilities (softmax, float32) and label."""
         logits = model(self.model_inputs(images), training=False)
         predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        return {"correct": tf.cast(tf.equal(predicted, labels), tf.float32)}
+        outputs = {"correct": tf.cast(tf.equal(predicted, labels), tf.float32)}
+        if self.keeps_predictions:
+            outputs["probabilities"] = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+            outputs["labels"] = labels
+        return outputs
 
     def quality(self, batches: list[dict]) -> float:
-        """Top-1 accuracy over every evaluated example."""
+        """Top-1 accuracy over every evaluated example (an ensemble member keeps its
+        probabilities and labels, in evaluation order, as `predictions`)."""
         correct = np.concatenate([batch["correct"] for batch in batches])
         if correct.size == 0:
             raise UserError("the evaluation split produced no examples")
+        if self.keeps_predictions:
+            self.predictions = {
+                key: np.concatenate([batch[key] for batch in batches])
+                for key in ("probabilities", "labels")
+            }
         return float(correct.mean())
 
     def workload_layer(self) -> dict:

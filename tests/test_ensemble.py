@@ -1,0 +1,255 @@
+"""`train BENCHMARK --instances M --ensemble` (run/ensemble.py): each member on its own
+bootstrap sample (data/bootstrap.py), its evaluation probabilities saved (run/predictions.py),
+the ensemble's quality, window and Valid FLOPS recomputed here from the members' files, and
+what `--ensemble` cannot go with refused in one line before any training."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcai500_tf import config, record
+from hpcai500_tf.cli import main
+from hpcai500_tf.data import bootstrap
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.results import scoring
+from hpcai500_tf.run import ensemble, predictions, throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ["train", "image_classification", "--preset", "tiny", "--no-tensorboard", "--power-hz", "0"]
+
+
+# ----------------------------------------------------------------------------- the draw
+
+
+def test_the_bootstrap_draw_is_reproducible_and_differs_between_members():
+    first, again, other = bootstrap.draw(10, 0, 1000), bootstrap.draw(10, 0, 1000), None
+    other = bootstrap.draw(10, 1, 1000)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, other)
+    assert first.size == 1000 and first.min() >= 0 and first.max() < 1000
+    # with replacement: about 1 - 1/e of the examples are drawn at least once
+    assert 0.58 < np.unique(first).size / 1000 < 0.68
+    said = bootstrap.description(10, 0, first)
+    assert said["seed"] == [10, 0] and said["draws"] == 1000
+    assert said["digest"] == bootstrap.digest(again) != bootstrap.digest(other)
+
+
+def test_an_epoch_of_a_bootstrap_sample_is_the_sample_shuffled_the_same_every_epoch():
+    """The sample is the member's data: each epoch's stream (its own shuffle seed) holds
+    exactly the drawn examples, duplicates included, in its own order."""
+    from hpcai500_tf.data import procedural
+
+    sample = bootstrap.draw(3, 1, 48)
+
+    def epoch(shuffle_seed: int) -> list[bytes]:
+        dataset = procedural.procedural_dataset(
+            48, 3, 16, 4, 0.0, True, shuffle_seed=shuffle_seed, sample=sample
+        )
+        return [image.numpy().tobytes() for image, _ in dataset]
+
+    import tensorflow as tf
+
+    drawn = tf.data.Dataset.from_tensor_slices(sample).map(
+        lambda i: procedural.procedural_example(i, 3, 16, 4, 0.0)
+    )
+    drawn = [image.numpy().tobytes() for image, _ in drawn]
+    one, two = epoch(3), epoch(4)
+    assert sorted(one) == sorted(drawn) == sorted(two)
+    assert one != two  # the order is each epoch's own
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+
+def _member(tmp_path: Path, index: int, probabilities, labels, status="completed") -> dict:
+    run_dir = tmp_path / f"instance-{index}" / "run"
+    run_dir.mkdir(parents=True)
+    predictions.save(run_dir, 2, probabilities, labels)
+    rec = {"status": status, "layers": {"L9": {"training_sample": {"digest": str(index)}}},
+           "quality": {"achieved": 0.5, "curve": [{"epoch": 1}, {"epoch": 2}]}}  # fmt: skip
+    return {"index": index, "seed": 10, "run_dir": f"instance-{index}/run", "record": rec,
+            "problem": None, "run_start": 1.0, "run_stop": 2.0}  # fmt: skip
+
+
+def test_the_ensemble_is_the_mean_of_its_members_probabilities(tmp_path):
+    labels = np.array([0, 1, 2])
+    # each member is right on one example only; their mean is right on all three
+    a = np.array([[0.5, 0.0, 0.5], [0.6, 0.4, 0.0], [0.0, 0.6, 0.4]])
+    b = np.array([[0.5, 0.5, 0.0], [0.0, 0.4, 0.6], [0.4, 0.0, 0.6]])
+    stopped = np.eye(3)[[1, 2, 0]]
+    members = [_member(tmp_path, 0, a, labels), _member(tmp_path, 1, b, labels),
+               _member(tmp_path, 2, stopped, labels, status="stopped")]  # fmt: skip
+    quality, shown, examples = ensemble.evaluate(tmp_path / "throughput.json", members)
+    assert predictions.top1(a, labels) == pytest.approx(1 / 3)
+    assert quality == 1.0 and examples == 3
+    assert [m["in_ensemble"] for m in shown] == [True, True, False]
+    assert shown[2]["why"] == "status stopped"
+
+
+def test_members_evaluated_on_other_examples_are_not_one_ensemble(tmp_path):
+    members = [_member(tmp_path, 0, np.eye(3), np.array([0, 1, 2])),
+               _member(tmp_path, 1, np.eye(3), np.array([0, 2, 1]))]  # fmt: skip
+    with pytest.raises(UserError, match="labels differ"):
+        ensemble.evaluate(tmp_path / "throughput.json", members)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--ensemble"], "--ensemble trains M members at once: give --instances M"),
+        (["--instances", "2", "--ensemble", "--framework", "pytorch"],
+         "not built for --framework pytorch"),
+        (["--instances", "2", "--ensemble", "--set", "data.source=random"],
+         "needs source = 'procedural', not 'random'"),
+        (["--instances", "2", "--ensemble", "--set", "data.bootstrap_member=1"],
+         "data.bootstrap_member is set by --ensemble"),
+        (["--instances", "2", "--ensemble", "--set", "data.source=imagenet", "--data", "x"],
+         "ImageNet TFRecords are read in shuffled shard order"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_before_any_training(tmp_path, capsys, extra, words):
+    out = tmp_path / "runs"
+    assert main([*TRAIN, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_detector_refuses_the_ensemble_in_one_line(tmp_path, capsys):
+    out = tmp_path / "runs"
+    command = ["train", "extreme_weather", "--preset", "tiny", "--instances", "2", "--ensemble"]
+    assert main([*command, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no box-merging rule" in err[0], err
+    assert not out.exists() or not any(out.iterdir())
+
+
+# ----------------------------------------------------------------------------- a real run
+
+
+@pytest.fixture(scope="module")
+def two_members(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ensemble")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcai500_tf.cli", *TRAIN, "--instances", "2", "--ensemble",
+         "--out", str(out)],
+        env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    (path,) = out.glob("*/throughput.json")
+    return path, done.stdout
+
+
+def _mlperf_times(log: Path) -> tuple[float, float]:
+    entries = [json.loads(line[len(":::MLLOG ") :]) for line in log.read_text().splitlines()]
+    start = next(e["time_ms"] for e in entries if e["key"] == "run_start")
+    stop = [e["time_ms"] for e in entries if e["key"] == "run_stop"][-1]
+    return start / 1000, stop / 1000
+
+
+@pytest.mark.slow
+def test_two_members_make_one_ensemble_the_test_recomputes(two_members):
+    from hpcai500_tf.workloads.image_classification import ImageClassification
+
+    path, output = two_members
+    data = throughput.load(path)
+    assert (data["form"], data["instances"], data["status"]) == ("ensemble", 2, "completed")
+    records, held, times, samples = [], [], [], []
+    for index, member in enumerate(data["members"]):
+        run_dir = path.parent / member["run_dir"]
+        rec = record.load(run_dir / "record.json")
+        records.append(rec)
+        assert rec["layers"]["L8"]["seed"] == 10  # one seed: one data set, one evaluation set
+        saved = json.loads((run_dir / "config.json").read_text())["config"]
+        assert saved["data"]["bootstrap_member"] == index
+        rebuilt = ImageClassification(saved, None).sample  # what a resume of it trains on
+        assert np.array_equal(rebuilt, bootstrap.draw(10, index, 256))
+        sample = rec["layers"]["L9"]["training_sample"]
+        assert sample["digest"] == bootstrap.digest(bootstrap.draw(10, index, 256))
+        samples.append(sample["digest"])
+        epoch = rec["quality"]["curve"][-1]["epoch"]
+        probabilities, labels = predictions.load(run_dir, epoch)
+        assert predictions.top1(probabilities, labels) == pytest.approx(rec["quality"]["achieved"])
+        assert (run_dir / "predictions-e1.npz").is_file()  # every evaluation's
+        held.append((probabilities, labels))
+        times.append(_mlperf_times(run_dir / "mlperf.log"))
+    assert samples[0] != samples[1]
+    assert np.array_equal(held[0][1], held[1][1])  # the same examples, in the same order
+    mean = (held[0][0] + held[1][0]) / 2
+    quality = float(np.mean(np.argmax(mean, axis=1) == held[0][1]))
+    start, stop = min(t[0] for t in times), max(t[1] for t in times)
+    one = throughput.score(path)
+    assert one.quality == pytest.approx(quality) and one.members_in == 2
+    assert one.window_s == pytest.approx(stop - start)
+    total = sum(r["flops"]["total"] for r in records)
+    benchmark = config.load_benchmark("image_classification")
+    factor = scoring.quality_factor(quality, 0.15, benchmark.convention().penalty_exponent)
+    assert one.valid_flops == pytest.approx(total / (stop - start) * factor)
+    assert [m["quality"] for m in one.members] == [r["quality"]["achieved"] for r in records]
+    assert f"top-1 {quality:.4f}" in output
+
+
+@pytest.mark.slow
+def test_ensembles_are_ranked_apart_and_reported_with_their_members(two_members, tmp_path,
+                                                                     capsys):  # fmt: skip
+    path, _ = two_members
+    assert main(["rank", "--json", str(path)]) == 0
+    (ranking,) = json.loads(capsys.readouterr().out)
+    assert (ranking["form"], ranking["benchmark"]) == ("ensemble", "image_classification")
+    weak = tmp_path / "weak"  # the same members read as the weak-scaling form: ranked apart
+    shutil.copytree(path.parent, weak)
+    data = json.loads((weak / "throughput.json").read_text())
+    data["form"], data["rule"] = "weak_scaling", dict(throughput.RULE)
+    (weak / "throughput.json").write_text(json.dumps(data))
+    assert main(["rank", "--json", str(path), str(weak / "throughput.json")]) == 0
+    forms = [r["form"] for r in json.loads(capsys.readouterr().out)]
+    assert forms == ["ensemble", "weak_scaling"]
+    assert main(["score", str(path)]) == 0
+    assert "Ensemble quality" in capsys.readouterr().out
+    member = path.parent / throughput.load(path)["members"][0]["run_dir"] / "record.json"
+    assert main(["rank", "--json", str(member)]) == 0  # a member alone is not ranked
+    assert "an ensemble member" in capsys.readouterr().out
+    assert not any("ensemble member" in why for why in ranking["refused"][0]["reasons"])
+    assert main(["report", str(path.parent), "--out", str(tmp_path / "report")]) == 0
+    (page,) = (tmp_path / "report").glob("throughput-*.html")
+    text = page.read_text()
+    assert "Ensemble quality" in text and "Member 0" in text and "Member 1" in text
+    assert f"{throughput.score(path).quality:.4f} top-1" in text
+
+
+@pytest.mark.slow  # three tiny runs in this process: 1-2 minutes on 2 busy cores
+def test_a_member_stopped_mid_epoch_resumes_on_its_sample_to_an_uninterrupted_members_weights(
+    tmp_path,
+):
+    """The sample is drawn again from the saved config, and the epoch's seeded stream skips
+    the batches trained before the stop (run/data_position.py): the resumed member ends where
+    one never stopped ends, with the same draw in its record."""
+    from tests.test_stop_keeps_work import TINY, Stopping, _run, _tensorflow_build, _weights
+
+    build = _tensorflow_build()
+    setup = config.prepare("image_classification", "tiny", [*TINY, "data.bootstrap_member=1"])
+    stopped, path = _run(setup, Stopping(build, 3), out_dir=tmp_path / "stopped")
+    assert stopped["status"] == "stopped", stopped["warnings"]
+    resuming = Stopping(build)
+    resumed, _ = _run(setup, resuming, resume=str(path.parent))
+    whole = Stopping(build)
+    plain, _ = _run(setup, whole, out_dir=tmp_path / "whole")
+    assert resumed["status"] == "completed", resumed["warnings"]
+    sample = resumed["layers"]["L9"]["training_sample"]
+    assert sample == plain["layers"]["L9"]["training_sample"]
+    assert sample["digest"] == bootstrap.digest(bootstrap.draw(10, 1, 256))
+    for got, want in zip(_weights(resuming.built), _weights(whole.built), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    held, _ = predictions.load(path.parent, 2)
+    again, _ = predictions.load(plain["artifacts"]["run_dir"], 2)
+    np.testing.assert_allclose(held, again, rtol=1e-4, atol=1e-5)
