@@ -210,14 +210,19 @@ def _worker_pids(launcher: int) -> dict[int, int]:
 def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, framework, request):
     """SIGTERM to worker 1 alone, mid-run: both workers stop after the same step, the chief
     writes one stopped record (energy gathered: no worker was left in a collective) and its
-    checkpoint, both exit within the bound, and the run resumes to completion."""
+    checkpoint, both exit within the bound, and the run resumes to completion, with the
+    examples and final loss of the same run never stopped."""
     if framework == "pytorch":
         request.getfixturevalue("torch_installed")
     out = tmp_path / "runs"
     command = [sys.executable, "-m", "hpcai500_tf.cli", "train", "image_classification",
-               "--preset", "tiny", "--set", "training.epochs=40", "--set",
-               "training.checkpoint_every=0", "--workers", "2", "--power-hz", "0",
-               "--framework", framework, "--out", str(out)]  # fmt: skip
+               "--preset", "tiny", "--set", "training.epochs=20", "--set",
+               "training.checkpoint_every=0", "--set", "training.deterministic=true",
+               "--workers", "2", "--power-hz", "0", "--framework", framework]  # fmt: skip
+    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    command += ["--out", str(out)]
     with (tmp_path / "stderr").open("w") as stderr:
         launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
@@ -246,7 +251,7 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, 
     assert stopped["status"] == "stopped", stopped["warnings"]
     (warning,) = [w for w in stopped["warnings"] if w.startswith(stop.WHY[signal.SIGTERM])]
     assert "(sent to another worker)" in warning and "was written at the stop" in warning
-    state = run_state.check_resumable(run_dir, 40)
+    state = run_state.check_resumable(run_dir, 20)
     assert state["checkpoint"].endswith(
         data_position.checkpoint_name(state["epochs_done"], state["batches_done"])
     )
@@ -257,4 +262,9 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, 
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     done = record.load(run_dir / "record.json")
-    assert done["status"] == "completed" and done["timeline"]["epochs"][-1]["examples"] == 40 * 256
+    assert done["status"] == "completed" and done["timeline"]["epochs"][-1]["examples"] == 20 * 256
+    # The same data and schedule as the run never stopped: the same examples and loss.
+    (uninterrupted,) = (record.load(p) for p in (tmp_path / "whole").glob("*/record.json"))
+    got, want = done["timeline"]["epochs"], uninterrupted["timeline"]["epochs"]
+    assert [e["examples"] for e in got] == [e["examples"] for e in want]
+    assert got[-1]["loss"] == pytest.approx(want[-1]["loss"], rel=1e-5)
