@@ -17,6 +17,7 @@ from hpcai500_tf import config, record
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import data_position, lifecycle, stop
 from hpcai500_tf.run import state as run_state
+from hpcai500_tf.run.directory import checkpoint_name
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.status import exit_code
 
@@ -171,8 +172,8 @@ def test_epoch_batches_resume_at_the_next_batch_of_the_epoch():
     whole = list(data_position.epoch_batches(open_epoch, 0, 0, 3, 4))
     assert whole[:5] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)] and len(whole) == 12
     assert list(data_position.epoch_batches(open_epoch, 1, 3, 3, 4)) == whole[7:]
-    assert data_position.checkpoint_name(2, 0) == "ckpt-2"
-    assert data_position.checkpoint_name(2, 5) == "ckpt-2-b5"
+    assert checkpoint_name(2, 0) == "ckpt-2"
+    assert checkpoint_name(2, 5) == "ckpt-2-b5"
 
 
 def test_the_stop_modules_import_no_framework():
@@ -253,7 +254,7 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, 
     assert "(sent to another worker)" in warning and "was written at the stop" in warning
     state = run_state.check_resumable(run_dir, 20)
     assert state["checkpoint"].endswith(
-        data_position.checkpoint_name(state["epochs_done"], state["batches_done"])
+        checkpoint_name(state["epochs_done"], state["batches_done"])
     )
     resumed = subprocess.run(
         [sys.executable, "-m", "hpcai500_tf.cli", "train", "--resume", str(run_dir),

@@ -51,7 +51,7 @@ class MLLogger:
             "event_type": event_type,
             "key": key,
             "value": value,
-            "metadata": {"file": "hpcai500_tf/lifecycle.py", "lineno": 0, **(metadata or {})},
+            "metadata": {"file": "hpcai500_tf/run/lifecycle.py", "lineno": 0, **(metadata or {})},
         }
         self._file.write(":::MLLOG " + json.dumps(line) + "\n")
         self._file.flush()

@@ -45,8 +45,8 @@ def save_checkpoint(trainer, run_dir: RunDirectory, progress: Progress) -> None:
     run_dir.checkpoints.mkdir(exist_ok=True)
     started = time.monotonic()
     done, batches = progress.epochs_done, progress.batches_done
-    name = data_position.checkpoint_name(done, batches)  # ckpt-N, or ckpt-N-bB mid-epoch
-    prefix = trainer.write_checkpoint(run_dir.checkpoints / name, done, batches)
+    # ckpt-N, or ckpt-N-bB mid-epoch
+    prefix = trainer.write_checkpoint(run_dir.checkpoint(done, batches), done, batches)
     progress.checkpoints.append(
         {
             "epoch": progress.epochs_done,

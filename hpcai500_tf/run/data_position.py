@@ -37,11 +37,6 @@ def epoch_batches(
             yield next(stream)
 
 
-def checkpoint_name(epochs_done: int, batches_done: int) -> str:
-    """A checkpoint's prefix name: ckpt-N after N epochs, ckpt-N-bB B batches into the next."""
-    return f"ckpt-{epochs_done}" + (f"-b{batches_done}" if batches_done else "")
-
-
 def held(position) -> tuple[int, int] | None:
     """(epochs, batches) of what a trainer's `read_checkpoint` returned: an epoch count
     (an epoch-end checkpoint), an (epochs, batches) pair, or None (it holds no count)."""

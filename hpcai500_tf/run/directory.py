@@ -50,6 +50,11 @@ INHERITED_LOCK = "HPCAI500_RUN_LOCK_FD"  # the launcher's lock, open in each of 
 MAX_SUFFIX = 10_000  # -2 ... -10000: more runs of one name in one second are refused
 
 
+def checkpoint_name(epochs_done: int, batches_done: int = 0) -> str:
+    """A checkpoint's prefix name: ckpt-N after N epochs, ckpt-N-bB B batches into the next."""
+    return f"ckpt-{epochs_done}" + (f"-b{batches_done}" if batches_done else "")
+
+
 @dataclass(frozen=True)
 class RunDirectory:
     """The paths of one run's files (nothing is created by naming them)."""
@@ -106,9 +111,10 @@ class RunDirectory:
     def lock(self) -> Path:
         return self.path / LOCK_FILE
 
-    def checkpoint(self, epochs_done: int) -> Path:
-        """The prefix of the checkpoint written after `epochs_done` epochs."""
-        return self.checkpoints / f"ckpt-{epochs_done}"
+    def checkpoint(self, epochs_done: int, batches_done: int = 0) -> Path:
+        """The prefix of the checkpoint written after `epochs_done` epochs (and `batches_done`
+        batches of the next: a stop's, mid-epoch)."""
+        return self.checkpoints / checkpoint_name(epochs_done, batches_done)
 
     def worker_log(self, index: int) -> Path:
         return self.workers / f"worker-{index}.log"

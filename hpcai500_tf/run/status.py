@@ -9,8 +9,8 @@ import threading
 import traceback
 
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.run import data_position, stop
-from hpcai500_tf.run.directory import RunDirectory
+from hpcai500_tf.run import stop
+from hpcai500_tf.run.directory import RunDirectory, checkpoint_name
 
 
 class Diverged(Exception):
@@ -174,7 +174,7 @@ def _agreed_stop_warning(error: stop.AgreedStop, one, where) -> str:
     if not one.chief:
         resume = f"resume with --resume {where} (from the chief's checkpoint at the stop)"
     elif one.saved_position == (done, batches):
-        at = data_position.checkpoint_name(done, batches)
+        at = checkpoint_name(done, batches)
         resume = f"its checkpoint {at} was written at the stop: resume with --resume {where}"
     else:  # no run directory to write it in
         resume = "no checkpoint was written at the stop: it cannot be resumed from there"
