@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpcai500_tf import config
-from hpcai500_tf.cluster import local_workers
+from hpcai500_tf.cluster import local_workers, slurm
 from hpcai500_tf.cluster import workers as cluster_workers
 from hpcai500_tf.cluster.devices import GPU_PLACEMENT, WORKER_GPUS
 from hpcai500_tf.engine import cluster as tf_cluster
@@ -562,3 +562,28 @@ def test_sbatch_runs_on_cpus_when_allowed(tmp_path):
     result, arguments = _sbatch(tmp_path, HPCAI500_ALLOW_CPU="1", CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 0, result.stderr
     assert arguments == [*_shape(1, 64), *TRAIN]
+
+
+def test_a_slurm_task_given_gpus_that_tensorflow_cannot_see_is_refused_in_one_line(monkeypatch):
+    """A CPU-only TensorFlow (this machine's) in a GPU job: the task is refused before the
+    strategy waits for GPU replicas that never come (it used to hang at the first step)."""
+    import tensorflow as tf
+
+    from hpcai500_tf.engine import strategy as strategies
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("TensorFlow sees a GPU here")
+    environment = {
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": "gpu8",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "gpu[8-9]",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_CPUS_PER_TASK": "8",
+        "SLURM_GPUS_ON_NODE": "4",
+    }
+    _slurm_task_on_gpu_node(monkeypatch, 4, environment)
+    monkeypatch.setattr(slurm, "port_free", lambda port: True)
+    with pytest.raises(UserError, match=r"^Slurm gave this task 4 GPU\(s\), but TensorFlow sees"):
+        strategies.make_strategy("multi_worker")

@@ -594,7 +594,7 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
     (bin_dir / "hpcai500-tf").write_text(
         f'#!/bin/sh\necho "$$" > "{out}/pid-$SLURM_PROCID"\n'
         # the fake gres GPUs hidden from the run, which trains on the CPUs TensorFlow has (a
-        # task counting Slurm's GPUs would wait for GPUs it does not have); the stop is the same
+        # task counting Slurm's GPUs is refused: TensorFlow sees none); the stop is the same
         "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
         f"exec {CLI} train image_classification --preset tiny --set training.epochs=200 "
         f'--out "{out}/runs" --power-hz 0 --no-tensorboard\n'

@@ -46,6 +46,7 @@ def make_strategy(
         resolver, found = cluster.cluster_resolver()
         assignment = restrict_to_worker_gpus()
         gpus = tf.config.get_visible_devices("GPU")
+        check_gpus_seen(resolver, found, gpus)
         collective = cluster_workers.resolve_collective(communication.collective, gpus)
         # No timeout on the collectives themselves: TensorFlow then starts a timer thread per
         # collective op that lives for the whole timeout (tens of thousands of threads at a few
@@ -74,6 +75,25 @@ def make_strategy(
         strategy.hpcai500_gpu_assignment = assignment
         return strategy
     raise UserError(f"unknown strategy '{name}'")
+
+
+def check_gpus_seen(resolver, found: str, gpus: list) -> None:
+    """Refuse, in one line, a task whose cluster counts GPUs for it (Slurm's grant) where
+    TensorFlow sees none: its strategy would wait at the first step for GPU replicas that
+    never come (a CPU-only TensorFlow, such as tensorflow-cpu, in a GPU job)."""
+    counted = (resolver.num_accelerators() or {}).get("GPU", 0) if resolver is not None else 0
+    if not counted or gpus:
+        return
+    why = (
+        "this TensorFlow is built without CUDA (e.g. tensorflow-cpu)"
+        if not tf.test.is_built_with_cuda()
+        else "CUDA finds no GPU (check the driver and CUDA_VISIBLE_DEVICES)"
+    )
+    raise UserError(
+        f"{found} gave this task {counted} GPU(s), but TensorFlow sees none: {why}; install a "
+        "TensorFlow with GPU support (pip install 'tensorflow[and-cuda]'), or run the job "
+        "without GPUs to train on the CPUs"
+    )
 
 
 def restrict_to_worker_gpus(environ: Mapping[str, str] | None = None) -> str | None:
