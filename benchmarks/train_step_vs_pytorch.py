@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "baseline"  # the TensorFlow step of the checkout at --baseline
 
 
-def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmup: int):
+def tf_step_times(
+    precision: str, batch: int, image_size: int, steps: int, warmup: int, overrides=()
+):
+    """The TensorFlow step's times; `overrides` are more config overrides ("key=value")."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from hpcai500_tf.config import prepare
     from hpcai500_tf.engine.run import build_engine
@@ -48,6 +51,7 @@ def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmu
             f"training.batch_per_replica={batch}",
             "training.strategy='default'",
             f"training.precision='{precision}'",
+            *overrides,
         ],
     )
     engine = build_engine(setup, None)
