@@ -8,7 +8,8 @@ every variant once, in the order given, each in its own process (the step of
 `train_step_vs_pytorch.py`: batch, image size, steps and warm-up as there). Reports, per
 variant, the median images/s over all its steps, the per-round ratio of its median step time
 to the first variant's (neighbours in time, so drift on a shared machine hits both alike) and
-the median of those ratios (> 1: faster than the first), and its kernel (system) time per step.
+the median of those ratios (> 1: faster than the first), and its kernel (system) time and minor
+page faults per step (the faults do not depend on the machine's load).
 
     python benchmarks/train_step_variants.py --precision mixed --rounds 3 \\
         --variant base: --variant keep:MALLOC_MMAP_MAX_=0,MALLOC_TRIM_THRESHOLD_=1099511627776
@@ -67,15 +68,18 @@ def report(names: list[str], runs: dict, batch: int) -> list[dict]:
             for a, b in zip(runs[first], runs[name], strict=True)
         ]
         system = statistics.median(run["system_seconds_per_step"] for run in runs[name])
+        faults = statistics.median(run["minor_page_faults_per_step"] for run in runs[name])
         print(
             f"  {name:16s} {batch / statistics.median(times):7.2f} images/s   "
             f"against {first}: per round " + " ".join(f"{r:.3f}" for r in ratios)
-            + f", median {statistics.median(ratios):.3f}x   kernel time {system:.2f} s/step"
+            + f", median {statistics.median(ratios):.3f}x   kernel time {system:.2f} s/step, "
+            f"{faults:.0f} minor page faults/step"
         )  # fmt: skip
         rows.append(
             {"variant": name, "images_per_s": batch / statistics.median(times),
              "round_ratios": ratios, "median_round_ratio": statistics.median(ratios),
-             "system_seconds_per_step": system, "times": [r["times"] for r in runs[name]]}
+             "system_seconds_per_step": system, "minor_page_faults_per_step": faults,
+             "times": [r["times"] for r in runs[name]]}
         )  # fmt: skip
     return rows
 

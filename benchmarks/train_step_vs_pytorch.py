@@ -64,17 +64,23 @@ def tf_step_times(
 
 
 def timed_steps(step, steps: int, warmup: int) -> dict:
-    """Seconds of each timed step, and system (kernel) seconds per timed step."""
+    """Seconds of each timed step, and system (kernel) seconds and minor page faults (memory
+    the kernel had to map and zero: a count that load on the machine does not change) per
+    timed step."""
     for _ in range(warmup):
         step()
     times = []
-    system_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - system_before
-    return {"times": times, "system_seconds_per_step": system / steps}
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "times": times,
+        "system_seconds_per_step": (after.ru_stime - before.ru_stime) / steps,
+        "minor_page_faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+    }
 
 
 def torch_step_times(precision: str, batch: int, image_size: int, steps: int, warmup: int):
