@@ -360,3 +360,15 @@ def test_small_bfloat16_3x3_conv_takes_the_shifted_gradient_and_trains(size, shi
     ]
     assert y.dtype == tf.bfloat16 and gradient.dtype == tf.float32
     assert np.all(np.abs(gradient - products[0]) <= 0.05 * products[1])
+
+
+def test_the_shifted_filter_gradient_counts_the_flops_of_the_native_one():
+    """The record's FLOPs do not change with the filter gradient's form: nine matmuls over the
+    padded input count what Conv2DBackpropFilter counts (2 x outputs x 3 x 3 x cin)."""
+    from hpcai500_tf.measure.flops import count_function
+
+    inputs = tf.cast(tf.random.stateless_normal([2, 5, 5, 3], [1, 2]), tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal([2, 5, 5, 4], [3, 4]), tf.bfloat16)
+    shifted = tf.function(lambda a, b: kernels.shifted_filter_gradient(a, b, (3, 3)))
+    count = count_function(shifted, inputs, upstream, batch=2)
+    assert count.by_op_type == {"MatMul": 2.0 * (2 * 5 * 5 * 4) * 3 * 3 * 3}
