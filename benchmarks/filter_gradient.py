@@ -1,12 +1,14 @@
-"""The filter gradient of ResNet-50 v1.5's 1x1, stride-1 convolutions: TensorFlow's
-Conv2DBackpropFilter against the matrix product the model uses instead
-(`models/kernels.py: pointwise_filter_gradient`), at batch 32 and 224x224, per precision.
+"""The filter gradient of ResNet-50 v1.5's stride-1 convolutions: TensorFlow's
+Conv2DBackpropFilter against the matrix products the model uses instead, at batch 32 and
+224x224, per precision: for the 1x1 layers (`--kernel 1`) one matmul
+(`models/kernels.py: pointwise_filter_gradient`), for the 3x3 layers (`--kernel 3`) one per
+kernel tap (`shifted_filter_gradient`, which the model takes in bfloat16 up to 7x7).
 
-Both sides run eagerly on the same tensors, interleaved, median of repeated calls after a
-warm-up; each call is synced by reading one value back. Prints each unique shape and the
-FLOP-weighted total (time over all 1x1 layers of the model, counting repeats).
+Both sides run as tf.functions on the same tensors, one after the other, median of repeated
+calls after a warm-up; each call is synced by reading one value back. Prints each unique shape
+and the FLOP-weighted total (time over all those layers of the model, counting repeats).
 
-    python benchmarks/filter_gradient.py [--batch 32] [--repeats 7]
+    python benchmarks/filter_gradient.py [--kernel 1] [--batch 32] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -31,37 +33,47 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--kernel", type=int, default=1, choices=(1, 3))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from hpcai500_tf.models.kernels import pointwise_filter_gradient
+    from hpcai500_tf.models.kernels import pointwise_filter_gradient, shifted_filter_gradient
     from hpcai500_tf.models.resnet import resnet50_v15
     from hpcai500_tf.roofline.workload import layer_shapes
 
+    size = args.kernel
+
+    @tf.function
     def native_filter_gradient(inputs, upstream):
         return tf.raw_ops.Conv2DBackpropFilter(
             input=inputs,
-            filter_sizes=[1, 1, inputs.shape[-1], upstream.shape[-1]],
+            filter_sizes=[size, size, inputs.shape[-1], upstream.shape[-1]],
             out_backprop=upstream,
             strides=[1, 1, 1, 1],
-            padding="VALID",
+            padding="VALID" if size == 1 else "SAME",
         )
+
+    @tf.function
+    def matmul_filter_gradient(inputs, upstream):
+        if size == 1:
+            return pointwise_filter_gradient(inputs, upstream)
+        return shifted_filter_gradient(inputs, upstream, (size, size))
 
     shapes = [
         (shape, count)
         for shape, count in layer_shapes(resnet50_v15(), args.batch)
-        if shape.kernel == 1 and shape.stride == 1 and shape.height > 1
+        if shape.kernel == size and shape.stride == 1 and shape.height > 1
     ]
     for dtype in (tf.float32, tf.bfloat16):
         totals = {"native": 0.0, "matmul": 0.0}
-        print(f"{dtype.name}: 1x1 filter gradient, batch {args.batch} (GFLOP/s)")
+        print(f"{dtype.name}: {size}x{size} filter gradient, batch {args.batch} (GFLOP/s)")
         for shape, count in shapes:
             dims = [shape.batch, shape.height, shape.width]
             inputs = tf.cast(tf.random.normal(dims + [shape.cin]), dtype)
             upstream = tf.cast(tf.random.normal(dims + [shape.cout]), dtype)
             native = median_seconds(native_filter_gradient, (inputs, upstream), args.repeats)
-            matmul = median_seconds(pointwise_filter_gradient, (inputs, upstream), args.repeats)
+            matmul = median_seconds(matmul_filter_gradient, (inputs, upstream), args.repeats)
             totals["native"] += native * count
             totals["matmul"] += matmul * count
             print(
@@ -70,7 +82,7 @@ def main() -> None:
                 f"matmul {shape.flops() / matmul / 1e9:7.1f}  speed-up {native / matmul:.2f}x"
             )
         print(
-            f"  all 1x1 layers: {totals['native'] * 1e3:.1f} ms native, "
+            f"  all {size}x{size} layers: {totals['native'] * 1e3:.1f} ms native, "
             f"{totals['matmul'] * 1e3:.1f} ms matmul -> {totals['native'] / totals['matmul']:.2f}x"
         )
 

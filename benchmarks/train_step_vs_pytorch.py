@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "baseline"  # the TensorFlow step of the checkout at --baseline
 
 
-def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmup: int):
+def tf_step_times(
+    precision: str, batch: int, image_size: int, steps: int, warmup: int, overrides=()
+):
+    """The TensorFlow step's times; `overrides` are more config overrides ("key=value")."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from hpcai500_tf.config import prepare
     from hpcai500_tf.engine.run import build_engine
@@ -48,6 +51,7 @@ def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmu
             f"training.batch_per_replica={batch}",
             "training.strategy='default'",
             f"training.precision='{precision}'",
+            *overrides,
         ],
     )
     engine = build_engine(setup, None)
@@ -60,17 +64,23 @@ def tf_step_times(precision: str, batch: int, image_size: int, steps: int, warmu
 
 
 def timed_steps(step, steps: int, warmup: int) -> dict:
-    """Seconds of each timed step, and system (kernel) seconds per timed step."""
+    """Seconds of each timed step, and system (kernel) seconds and minor page faults (memory
+    the kernel had to map and zero: a count that load on the machine does not change) per
+    timed step."""
     for _ in range(warmup):
         step()
     times = []
-    system_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - system_before
-    return {"times": times, "system_seconds_per_step": system / steps}
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "times": times,
+        "system_seconds_per_step": (after.ru_stime - before.ru_stime) / steps,
+        "minor_page_faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+    }
 
 
 def torch_step_times(precision: str, batch: int, image_size: int, steps: int, warmup: int):

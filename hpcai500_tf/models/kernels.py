@@ -19,6 +19,11 @@ The CPU workarounds, each with the measurements that justify it (on this project
   (`benchmarks/filter_gradient.py`). It also keeps strided bfloat16 convolutions over
   one-column inputs off oneDNN's filter gradient, which returns garbage there (up to 1e38, NaN;
   `tests/test_kernels.py` and the mixed-precision tiny run in `tests/test_train.py`).
+- `Conv2D` also takes the filter gradient of bfloat16 stride-1 convolutions wider than 1x1
+  over inputs up to 7x7 (ResNet-50's last-stage 3x3 layers) from one matrix product per
+  kernel tap: 3.8-4.5x faster than oneDNN's bfloat16 Conv2DBackpropFilter at 7x7x512, which
+  takes about 5x as long there as at 56x56x64 for the same FLOPs
+  (`benchmarks/filter_gradient.py --kernel 3`).
 - `ReLU` computes the bfloat16 ReLU as an int16 max over the bits: 4.5 ms instead of
   TensorFlow's 21 ms at 32x56x56x256, 4.3 % of the bfloat16 ResNet-50 train step at batch 32.
   It zeroes NaNs with the sign bit set; `finiteness_variables` and `finiteness_term` give the
@@ -100,17 +105,88 @@ def pointwise_filter_gradient(inputs, upstream):
     return tf.reshape(kernel_gradient, [1, 1, in_channels, out_channels])
 
 
+# bfloat16 stride-1 convolutions (kernels wider than 1x1) over inputs no larger than this
+# (height and width) take their filter gradient from `shifted_filter_gradient`: ResNet-50's
+# 3x3 layers of the last stage.
+SHIFTED_GRADIENT_MAX_SIZE = 7
+
+
+@tf.custom_gradient
+def _small_bfloat16_conv(inputs, kernel):
+    """A stride-1, "same" bfloat16 convolution over a small input whose filter gradient is one
+    matrix product per kernel tap (`shifted_filter_gradient`).
+
+    oneDNN's bfloat16 Conv2DBackpropFilter slows down as the input shrinks and the channels
+    grow (at ResNet-50's 3x3 shapes, batch 32, 7x7x512 took about 5x as long as 56x56x64 for
+    the same FLOPs); the nine matmuls ran 3.8-4.5x faster than it at 7x7x512, but slower at
+    56x56 and 28x28 and at 14x14 now faster, now slower (0.3-1.4x) over runs
+    (`benchmarks/filter_gradient.py --kernel 3`). The forward pass and the input gradient stay
+    the native kernels."""
+    outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="SAME")
+
+    def gradient(upstream):
+        input_gradient = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.shape(inputs),
+            filter=kernel,
+            out_backprop=upstream,
+            strides=[1, 1, 1, 1],
+            padding="SAME",
+        )
+        return input_gradient, shifted_filter_gradient(inputs, upstream, kernel.shape[:2])
+
+    return outputs, gradient
+
+
+def shifted_filter_gradient(inputs, upstream, kernel_size):
+    """d loss / d kernel of a stride-1, "same" convolution with an odd `kernel_size` (rows,
+    columns): for each tap (i, j), the input shifted by it, zero-padded, times the upstream
+    gradient over all batch and spatial positions (one matmul each), stacked into
+    [rows, columns, cin, cout]."""
+    rows, columns = kernel_size
+    height, width, in_channels = inputs.shape[1:]
+    out_channels = upstream.shape[-1]
+    padded = tf.pad(inputs, [[0, 0], [rows // 2] * 2, [columns // 2] * 2, [0, 0]])
+    flat_upstream = tf.reshape(upstream, [-1, out_channels])
+    taps = [
+        tf.matmul(
+            tf.reshape(padded[:, i : i + height, j : j + width, :], [-1, in_channels]),
+            flat_upstream,
+            transpose_a=True,
+        )
+        for i in range(rows)
+        for j in range(columns)
+    ]
+    return tf.reshape(tf.stack(taps), [rows, columns, in_channels, out_channels])
+
+
+def _takes_shifted_gradient(inputs, kernel_size) -> bool:
+    """Whether a stride-1, "same", bias-free convolution goes through `_small_bfloat16_conv`:
+    bfloat16, an odd kernel wider than 1x1 and a small input of known size."""
+    height, width = inputs.shape[1:3]
+    return (
+        inputs.dtype == tf.bfloat16
+        and all(size % 2 == 1 for size in kernel_size)
+        and kernel_size != (1, 1)
+        and height is not None
+        and width is not None
+        and max(height, width) <= SHIFTED_GRADIENT_MAX_SIZE
+    )
+
+
 @keras.saving.register_keras_serializable("hpcai500_tf")
 class Conv2D(layers.Conv2D):
     """Keras Conv2D that sends 1x1, stride-1, bias-free kernels through `_pointwise_conv`,
-    and strided bfloat16 kernels over one-column inputs through their centre column (below);
-    every other convolution is the stock layer."""
+    small stride-1 bfloat16 ones wider than 1x1 through `_small_bfloat16_conv`, and strided
+    bfloat16 kernels over one-column inputs through their centre column (below); every other
+    convolution is the stock layer."""
 
     def call(self, inputs):
         if self.use_bias or self.padding != "same" or self.dilation_rate != (1, 1):
             return super().call(inputs)
         if self.kernel_size == (1, 1) and self.strides == (1, 1):
             return _pointwise_conv(inputs, tf.cast(self.kernel, inputs.dtype))
+        if self.strides == (1, 1) and _takes_shifted_gradient(inputs, self.kernel_size):
+            return _small_bfloat16_conv(inputs, tf.cast(self.kernel, inputs.dtype))
         if inputs.dtype == tf.bfloat16 and inputs.shape[2] == 1 and self.strides[1] > 1:
             # TensorFlow's oneDNN bfloat16 filter gradient returns garbage (up to 1e38, NaN)
             # for a strided kernel wider than one column over a one-column input (the last
