@@ -53,7 +53,8 @@ def _no_worker_left(processes) -> bool:
 
 @pytest.fixture(scope="module")
 def two_worker_random(tmp_path_factory):
-    """The tiny preset on random data: 2 workers x 16 against 1 worker x 32 (global 32)."""
+    """The tiny preset on random data: 2 workers x 16 against 1 worker x 32 (global 32); the two
+    workers measure a fake RAPL package's energy."""
     out = tmp_path_factory.mktemp("runs")
     single = _hpcai500(
         [
@@ -67,22 +68,19 @@ def two_worker_random(tmp_path_factory):
         ]
     )
     assert single.returncode == 0, single.stderr[-2000:]
+    # The two workers read a fake RAPL package at 60 W (what the energy test below reads).
+    from .test_energy import RaplWriter, _zone
+
+    powercap = out / "powercap"
+    _zone(powercap, "intel-rapl:0", "package-0", 0, max_uj=1_000_000_000)
     start = time.monotonic()
-    double = _hpcai500(
-        [
-            "train",
-            "image_classification",
-            "--preset",
-            "tiny",
-            *RANDOM_TINY,
-            "--set",
-            "training.batch_per_replica=16",
-            "--workers",
-            "2",
-            "--out",
-            str(out / "two"),
-        ]
-    )
+    with RaplWriter(powercap, watts=60.0):
+        double = _hpcai500(
+            ["train", "image_classification", "--preset", "tiny", *RANDOM_TINY,
+             "--set", "training.batch_per_replica=16", "--workers", "2",
+             "--power-hz", "20", "--out", str(out / "two")],
+            env={"HPCAI500_POWERCAP_ROOT": str(powercap)},
+        )  # fmt: skip
     wall = time.monotonic() - start
     assert double.returncode == 0, double.stderr[-2000:]
     (one,), (two,) = _records(out / "one"), _records(out / "two")
@@ -510,20 +508,9 @@ def test_slurm_cluster_is_read_from_the_environment(monkeypatch):
     assert not resolver.num_accelerators().get("GPU")  # CPU nodes: no placeholder GPUs leak
 
 
-def test_a_two_worker_run_gathers_every_workers_energy(tmp_path):
-    from .test_energy import RaplWriter, _zone
-
-    powercap = tmp_path / "powercap"
-    _zone(powercap, "intel-rapl:0", "package-0", 0, max_uj=1_000_000_000)
-    with RaplWriter(powercap, watts=60.0):
-        result = _hpcai500(
-            ["train", "image_classification", "--preset", "tiny", *RANDOM_TINY,
-             "--set", "training.batch_per_replica=16", "--workers", "2",
-             "--power-hz", "20", "--out", str(tmp_path / "runs")],
-            env={"HPCAI500_POWERCAP_ROOT": str(powercap)},
-        )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    (rec,) = _records(tmp_path / "runs")
+def test_a_two_worker_run_gathers_every_workers_energy(two_worker_random):
+    """The fixture's two-worker run, on a fake RAPL package at 60 W, sampled at 20 Hz."""
+    _, rec, _, _ = two_worker_random
     energy = rec["energy"]
     # Both workers read the same package here: it is counted once, from worker 0.
     assert energy["measured"] and energy["scope"] == "1 CPU package only"

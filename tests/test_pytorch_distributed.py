@@ -3,6 +3,7 @@ the launcher's or Slurm's environment, malformed values refused in one line nami
 variable; two real gloo workers on the CPU whose DistributedDataParallel step averages the
 gradients; and each worker's feeder reading its own shard of the data."""
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -229,9 +230,17 @@ def test_each_workers_feeder_reads_its_own_shard():
     settings = ["data.train_examples=64", "data.eval_examples=51"]
     setup = config.prepare("image_classification", "tiny", settings)
     trained, evaluated = [], []
-    for index in (0, 1):
-        feeder = Feeder("image_classification", setup.config, None, 8, True, shard=(2, index))
-        try:
+    # Both data processes start at once (each loads TensorFlow: seconds), as two workers' do.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        starting = [
+            pool.submit(Feeder, "image_classification", setup.config, None, 8, True, shard=(2, i))
+            for i in (0, 1)
+        ]
+    feeders = [future.result() for future in starting if future.exception() is None]
+    try:
+        for future in starting:
+            future.result()  # a feeder that failed to start fails the test here
+        for feeder in feeders:
             assert feeder.workload.eval_examples == 51  # the whole split's count
             assert feeder.workload.data_warnings == ()
             train = feeder.batches(True, 3)
@@ -240,7 +249,8 @@ def test_each_workers_feeder_reads_its_own_shard():
             train.close()
             evaluated.append([digest(image) for images, _, _ in feeder.batches(False, 7)
                               for image in images])  # fmt: skip
-        finally:
+    finally:
+        for feeder in feeders:
             feeder.close()
     assert len(trained[0]) == len(trained[1]) == 32 and not trained[0] & trained[1]
     assert (len(evaluated[0]), len(evaluated[1])) == (26, 25)  # 51 split by position

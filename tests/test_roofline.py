@@ -1,5 +1,6 @@
 """Roofline kernels, ceilings, placement and the command, at sizes that run in seconds."""
 
+import dataclasses
 import json
 
 import pytest
@@ -83,6 +84,13 @@ def test_roofline_command_writes_record_and_chart(tmp_path, capsys):
     assert "refusing to overwrite" in capsys.readouterr().err
 
 
+# The placement tests place a point against whatever ceilings were measured: the command test
+# above runs the real quick plan; these measure a smaller one (seconds on 2 busy cores, not tens).
+SMALL = dataclasses.replace(
+    QUICK, gemm_sizes=(128,), conv_batch=1, stream_elements=1 << 16, min_seconds=0.01
+)
+
+
 def quick_fp32_roofline(out, *extra) -> int:
     """`hpcai500-tf roofline --quick --dtypes fp32 --no-workload ... --out OUT`."""
     return main(
@@ -90,7 +98,8 @@ def quick_fp32_roofline(out, *extra) -> int:
     )
 
 
-def test_roofline_places_a_training_record(tmp_path):
+def test_roofline_places_a_training_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "QUICK", SMALL)
     assert (
         main(
             [
@@ -113,7 +122,8 @@ def test_roofline_places_a_training_record(tmp_path):
     assert run["achieved_flops"] > 0 and run["examples"] == 256
 
 
-def test_roofline_places_the_reference_model_without_data(tmp_path):
+def test_roofline_places_the_reference_model_without_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "QUICK", SMALL)
     out = tmp_path / "roof"
     assert quick_fp32_roofline(out, "--preset", "reference") == 0
     assert json.loads((out / "roofline.json").read_text())["preset"] == "reference"

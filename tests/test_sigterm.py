@@ -65,11 +65,10 @@ def test_sigterm_mid_run_leaves_a_stopped_record_that_resume_completes(tmp_path)
     last = _last_event(run_dir / "mlperf.log")
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted", last
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "hpcai500_tf.cli", "train", "--resume", str(run_dir)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    from hpcai500_tf.cli import main
+
+    # The resume in this process (TensorFlow is loaded here already): the signal was the child's.
+    assert main(["train", "--resume", str(run_dir)]) == 0
     done = record.load(run_dir / "record.json")
     assert done["status"] == "completed", done["warnings"]
     assert [e["epoch"] for e in done["timeline"]["epochs"]] == [1, 2, 3, 4, 5, 6]

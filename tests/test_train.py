@@ -28,11 +28,10 @@ def _only_run_dir(out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    assert main(["train", "image_classification", "--preset", "tiny", "--out", str(out)]) == 0
-    run_dir = _only_run_dir(out)
-    return run_dir, record.load(run_dir / "record.json")
+def tiny_run(tf_tiny):
+    """The session's finished tiny run (conftest's tf_tiny, the same command): (dir, record)."""
+    path, rec = tf_tiny
+    return path.parent, rec
 
 
 def test_tiny_run_writes_a_complete_record(tiny_run):
