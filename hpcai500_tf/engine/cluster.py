@@ -41,6 +41,7 @@ def cluster_resolver():
         num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
     )
     resolver.hpcai500_warnings = [task.warning] if task.warning else []
+    resolver.hpcai500_gpus = len(task.gpus)  # Slurm's grant: `strategy.check_gpus_seen`
     return resolver, "Slurm"
 
 

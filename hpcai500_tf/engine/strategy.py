@@ -81,7 +81,9 @@ def check_gpus_seen(resolver, found: str, gpus: list) -> None:
     """Refuse, in one line, a task whose cluster counts GPUs for it (Slurm's grant) where
     TensorFlow sees none: its strategy would wait at the first step for GPU replicas that
     never come (a CPU-only TensorFlow, such as tensorflow-cpu, in a GPU job)."""
-    counted = (resolver.num_accelerators() or {}).get("GPU", 0) if resolver is not None else 0
+    # As the resolver counted them (never `num_accelerators()`: TF_CONFIG's resolver starts
+    # TensorFlow's runtime to answer it, before the strategy can configure its collectives)
+    counted = getattr(resolver, "hpcai500_gpus", 0)
     if not counted or gpus:
         return
     why = (
