@@ -8,12 +8,13 @@ carrying no vote, as before the stop vote existed: TensorFlow's loss all-reduce 
 PyTorch's DDP gradient all-reduce through the same hook, which then carries nothing) and
 "agreeing" (`agreed_stop()`, then `train_step(batch, 0)`: what the epoch loop runs on several
 workers, the vote carried by the step's own reduction). Each block ends with the loss read
-back (a device sync), so a block's time is its steps' whole time. Blocks alternate over
-`--rounds` rounds, the first kind swapping each round; the ratio is of the medians of seconds
-per step. One worker runs no agreement at all (a Python check).
+back (a device sync), so a block's time is its steps' whole time. `data.train_examples` is set
+so that one epoch holds every block (each epoch opens its own stream, which costs far more than
+a step). Blocks alternate over `--rounds` rounds, the first kind swapping each round; the
+ratio is of the medians of seconds per step. One worker runs no agreement at all (a Python check).
 
     python benchmarks/stop_agreement_overhead.py [--framework tensorflow|pytorch]
-        [--rounds 7] [--steps 20] [--preset smoke] [--set K=V ...]
+        [--rounds 15] [--steps 32] [--preset smoke] [--set K=V ...]
 
 Prints one JSON line from worker 0 (the method and both medians), then one line for people.
 """
@@ -52,6 +53,12 @@ def worker(args) -> None:
     backend = backends.get(args.framework)
     # epochs enough for every block (each epoch is its own stream: train_batches ends)
     overrides = ["training.epochs=1000", *args.set, *backend.strategy_overrides(False)]
+    setup = config.run_setup("image_classification", args.preset, overrides, None)
+    # One epoch holds every block: opening an epoch's stream (run/data_position.py) costs
+    # far more than a step, and blocks that open different numbers of them measure that.
+    steps = (2 + 2 * args.rounds) * args.steps + 1
+    examples = steps * setup.training.batch_per_replica * 2  # two workers, one replica each
+    overrides.append(f"data.train_examples={examples}")
     setup = config.run_setup("image_classification", args.preset, overrides, None)
     backend.load()
     trainer = backend.build_trainer(setup, RunOptions(power_hz=0))
@@ -120,8 +127,8 @@ def launch(args, argv: list[str]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--framework", choices=("tensorflow", "pytorch"), default="tensorflow")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--preset", default="smoke")
     parser.add_argument("--set", action="append", default=[], metavar="K=V")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
