@@ -152,7 +152,24 @@ def _wait_for_handlers(until=lambda: False, seconds: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_second_signal_stops_at_once():
+def test_a_second_signal_stops_at_once(monkeypatch):
+    # Whatever an earlier test in this process left (a blocked signal, a handler of its own),
+    # the signals start as a fresh process has them.
+    signals = {signal.SIGINT, signal.SIGUSR1}
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals) & signals
+    monkeypatch.setattr(stop, "_noted", stop.StopRequest())
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_usr1 = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        _second_signal_stops_at_once()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGUSR1, previous_usr1)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+
+
+def _second_signal_stops_at_once():
     with stop.listening() as request:
         os.kill(os.getpid(), signal.SIGUSR1)
         _wait_for_handlers(lambda: request.signum)
