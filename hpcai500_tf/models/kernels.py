@@ -69,6 +69,14 @@ def resolve(choice: str) -> str:
 # ------------------------------------------------------------------ convolution
 
 
+def _stride_one_input_gradient(inputs, kernel, upstream, padding: str):
+    """The native input gradient of a stride-1 convolution (what the custom gradients keep)."""
+    return tf.raw_ops.Conv2DBackpropInput(
+        input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream,
+        strides=[1, 1, 1, 1], padding=padding,
+    )  # fmt: skip
+
+
 @tf.custom_gradient
 def _pointwise_conv(inputs, kernel):
     """A 1x1, stride-1 convolution whose filter gradient is one matrix product.
@@ -82,13 +90,7 @@ def _pointwise_conv(inputs, kernel):
     outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="VALID")
 
     def gradient(upstream):
-        input_gradient = tf.raw_ops.Conv2DBackpropInput(
-            input_sizes=tf.shape(inputs),
-            filter=kernel,
-            out_backprop=upstream,
-            strides=[1, 1, 1, 1],
-            padding="VALID",
-        )
+        input_gradient = _stride_one_input_gradient(inputs, kernel, upstream, "VALID")
         return input_gradient, pointwise_filter_gradient(inputs, upstream)
 
     return outputs, gradient
@@ -125,13 +127,7 @@ def _small_bfloat16_conv(inputs, kernel):
     outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="SAME")
 
     def gradient(upstream):
-        input_gradient = tf.raw_ops.Conv2DBackpropInput(
-            input_sizes=tf.shape(inputs),
-            filter=kernel,
-            out_backprop=upstream,
-            strides=[1, 1, 1, 1],
-            padding="SAME",
-        )
+        input_gradient = _stride_one_input_gradient(inputs, kernel, upstream, "SAME")
         return input_gradient, shifted_filter_gradient(inputs, upstream, kernel.shape[:2])
 
     return outputs, gradient
