@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from hpcai500_tf.run import stop
 
 TENSORFLOW = """
@@ -108,7 +110,7 @@ def test_tensorflow_carries_the_vote_in_the_loss_reduction():
     """Two replicas: the step carrying a vote gives the plain step's loss, its votes come
     back summed over the replicas two steps later, and its graph adds no reduction."""
     facts = _facts(TENSORFLOW)
-    assert facts["carried"] == facts["plain"]
+    assert facts["carried"] == pytest.approx(facts["plain"], rel=1e-6)  # two graphs, any CPU
     assert facts["first"] == 0
     assert facts["agreed"] == signal.SIGTERM
     assert facts["summed"] == [0.0, 0.0, 2.0]  # SIGTERM's place, once per replica
