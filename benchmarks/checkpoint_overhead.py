@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from hpcai500_tf.cluster.machine import cpu_facts
 
 MODES = {
     "every_epoch": lambda minutes: ["training.checkpoint_every=1", "training.checkpoint_minutes=0"],
@@ -40,16 +41,6 @@ DEFAULT_SETS = [
     "model.width=1.0",
     "model.blocks=[3, 4, 6, 3]",
 ]
-
-
-def cpu_model() -> str:
-    """lscpu's model name (the platform's processor string where lscpu is missing)."""
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-    except OSError:
-        lines = []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name:")]
-    return names[0] if names else platform.processor() or "unknown"
 
 
 def measure(mode: str, minutes: float, epochs: int, sets: list[str], out: str) -> dict:
@@ -124,7 +115,7 @@ def main() -> None:
     ]
     result = {
         "benchmark": "checkpoint_overhead",
-        "cpu": cpu_model(),
+        "cpu": cpu_facts()["cpu_model"],
         "sets": sets,
         "epochs": args.epochs,
         "rounds": args.rounds,
@@ -137,7 +128,7 @@ def main() -> None:
     }
     print(json.dumps(result))
     print(
-        f"{cpu_model()}: every epoch {every['epoch_s']:.3f} s/epoch ({every['checkpoints']} "
+        f"{result['cpu']}: every epoch {every['epoch_s']:.3f} s/epoch ({every['checkpoints']} "
         f"checkpoints, {every['write_s']:.3f} s each) vs by wall time ({args.minutes:g} min) "
         f"{by_time['epoch_s']:.3f} s/epoch ({by_time['checkpoints']} checkpoint(s)): "
         f"{result['epoch_ratio']:.3f}x per epoch (median of {args.rounds} rounds; per round "

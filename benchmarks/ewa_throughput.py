@@ -36,18 +36,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from hpcai500_tf.cluster.machine import cpu_facts  # noqa: E402
+
 READERS = ("h5py", "pread")  # before, after
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown (no lscpu)"
 
 
 def timed_rate(step, per_call: int, seconds: float, windows: int = 3) -> tuple[float, list]:
@@ -198,7 +190,7 @@ def main() -> None:
     usable = len(os.sched_getaffinity(0))
     core_counts = sorted({min(n, usable) for n in (args.cores or [1, usable]) if n > 0})
     results: dict = {
-        "cpu": cpu_model(),
+        "cpu": cpu_facts()["cpu_model"],
         "usable_cores": usable,
         "image": [768, 1152, 16],
         "samples_per_file": args.reference_samples,

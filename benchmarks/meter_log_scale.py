@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from hpcai500_tf.cluster.machine import cpu_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,16 +69,6 @@ def measure(path: Path, how: str) -> dict:
     return {"seconds": float(out[0]), "peak_rss_mb": int(out[1]) / 1024, "items": int(out[2])}
 
 
-def cpu_model() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=float, default=200.0, help="the larger files' size")
@@ -101,7 +92,7 @@ def main() -> None:
                     }
                 )
                 path.unlink()
-    print(f"CPU: {cpu_model()}")
+    print(f"CPU: {cpu_facts()['cpu_model']}")
     print(f"{'file':9} {'MB':>7} {'read s':>8} {'bare s':>7} {'x bare':>7} {'RSS MB':>7}")
     for row in rows:
         print(
@@ -113,7 +104,7 @@ def main() -> None:
         for i, kind in enumerate(("junk", "readings"))
     }
     print("time at 10x the size: " + ", ".join(f"{k} {v:.1f}x" for k, v in scaling.items()))
-    print(json.dumps({"cpu": cpu_model(), "rows": rows, "scaling_10x": scaling}))
+    print(json.dumps({"cpu": cpu_facts()["cpu_model"], "rows": rows, "scaling_10x": scaling}))
 
 
 if __name__ == "__main__":

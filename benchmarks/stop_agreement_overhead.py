@@ -4,8 +4,8 @@ machine with the agreement against the same step without it, in one run.
 Two worker processes (TensorFlow: MultiWorkerMirroredStrategy over loopback gRPC; PyTorch:
 torch.distributed over gloo) build the run's trainer as `train --workers 2` does, warm up,
 then time alternating blocks of `--steps` steps: "plain" (`train_step(batch)`: the step
-carrying no vote, as before the stop vote existed: TensorFlow's loss all-reduce of one float;
-PyTorch's DDP gradient all-reduce through the same hook, which then carries nothing) and
+as before the stop vote existed: TensorFlow's loss all-reduce of one float; PyTorch's DDP
+gradient all-reduce of the network alone, through a second DDP model without the ballot) and
 "agreeing" (`agreed_stop()`, then `train_step(batch, 0)`: what the epoch loop runs on several
 workers, the vote carried by the step's own reduction). Each block ends with the loss read
 back (a device sync), so a block's time is its steps' whole time. `data.train_examples` is set
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,9 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpcai500_tf.cluster.machine import cpu_facts  # noqa: E402
 
-def _block(trainer, batches, steps: int, agreeing: bool) -> float:
+
+def _block(trainer, batches, steps: int, agreeing: bool, models: dict | None) -> float:
     """Seconds per step over `steps` steps, the loss read at the end."""
+    if models:  # PyTorch: the DDP model (and ballot) of this kind of step
+        trainer.model, trainer.ballot = models[agreeing]
     started = time.perf_counter()
     for _ in range(steps):
         if agreeing:
@@ -65,17 +68,32 @@ def worker(args) -> None:
     try:
         trainer.warm_up(checkpoints=False)
         batches = trainer.train_batches(0)
+        models = _pytorch_models(trainer)
         for agreeing in (True, False):  # each step's first runs' one-time costs (tracing)
-            _block(trainer, batches, args.steps, agreeing)
+            _block(trainer, batches, args.steps, agreeing, models)
         times = {"plain": [], "agreeing": []}
         for round_ in range(args.rounds):
             kinds = ("plain", "agreeing") if round_ % 2 == 0 else ("agreeing", "plain")
             for kind in kinds:
-                times[kind].append(_block(trainer, batches, args.steps, kind == "agreeing"))
+                block = _block(trainer, batches, args.steps, kind == "agreeing", models)
+                times[kind].append(block)
         if trainer.rank == 0:
             _report(args, trainer, times)
     finally:
         trainer.close()
+
+
+def _pytorch_models(trainer) -> dict | None:
+    """PyTorch: {agreeing: (DDP model, ballot)}, the plain one a second DDP over the same
+    network without the ballot (the step before the vote existed; with a ballot, every step
+    must reduce it). Only the DDP whose forward pass ran reduces in a backward pass. None for
+    TensorFlow, whose plain step is its own graph carrying no vote."""
+    if trainer.framework != "pytorch":
+        return None
+    from hpcai500_tf.pytorch import distributed
+
+    plain = distributed.wrap_model(trainer.torch, trainer.module, trainer.placement, trainer.device)
+    return {True: (trainer.model, trainer.ballot), False: (plain, None)}
 
 
 def _report(args, trainer, times: dict[str, list[float]]) -> None:
@@ -93,7 +111,7 @@ def _report(args, trainer, times: dict[str, list[float]]) -> None:
         "agreeing_s_per_step": agreeing,
         "ratio": agreeing / plain,
         "method": "median seconds per step of alternating blocks, each ending in a loss read",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_facts()["cpu_model"],
     }
     print(json.dumps(result), flush=True)
     print(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hpcai500_tf.cluster.machine import cpu_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +100,7 @@ def main() -> int:
             "median_s": statistics.median(timed) if timed else None,
             "not_stopped_at_a_checkpoint": len(seconds) - len(timed),
             "method": "SIGTERM to the last worker mid-epoch 2 until every process exited",
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_facts()["cpu_model"],
         }  # fmt: skip
         print(json.dumps(result), flush=True)
         median = f"{result['median_s']:.2f} s" if timed else "no round stopped at a checkpoint"

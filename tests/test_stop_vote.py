@@ -52,7 +52,7 @@ print(json.dumps(facts))
 """
 
 PYTORCH = """
-import json, os, sys
+import copy, json, sys
 import torch
 import torch.distributed as dist
 from hpcai500_tf.pytorch import stop_vote
@@ -60,25 +60,24 @@ from hpcai500_tf.pytorch import stop_vote
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", rank=rank, world_size=2)
 torch.manual_seed(0)
-import copy
 net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])  # several buckets
-models = [torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=0.01)
-          for _ in range(2)]
-carried = stop_vote.carry_votes(torch, models[1], 2)
+voting = stop_vote.voting_model(torch, copy.deepcopy(net), "cpu")
+models = [torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.01) for m in (net, voting)]
+ballot = stop_vote.Ballot(torch, voting.ballot, 2)
 x = torch.full((4, 64), float(rank + 1))
-grads = []
+losses, grads = [], []
 for i, model in enumerate(models):
     model.zero_grad()
-    if i:
-        carried.local = stop_vote.vote_tensor(torch, 15 if rank else 0, "cpu")
-    model(x).pow(2).sum().backward()
-    grads.append([p.grad.clone() for p in model.parameters()])
-facts = {"equal": all(torch.equal(a, b) for a, b in zip(*grads)),
-         "summed": carried.summed.tolist(), "left": carried.local is None}
-model = models[1]
-model.zero_grad()
-model(x).sum().backward()  # no vote set: the hook carries nothing
-facts["untouched"] = carried.summed.tolist()
+    loss = model(x).pow(2).sum()
+    losses.append(loss.item())
+    (loss + ballot.term(15 if rank else 0) if i else loss).backward()
+    network = model.module.network if i else model.module
+    grads.append([p.grad.clone() for p in network.parameters()])
+facts = {"equal": all(torch.equal(a, b) for a, b in zip(*grads)) and losses[0] == losses[1],
+         "summed": ballot.summed().tolist(), "ballot": voting.ballot.tolist()}
+voting.network.zero_grad()
+(models[1](x).sum() + ballot.term(0)).backward()  # the next step: no signal, no stale vote
+facts["next"] = ballot.summed().tolist()
 if rank == 0:
     print(json.dumps(facts))
 dist.destroy_process_group()
@@ -123,9 +122,10 @@ def test_tensorflow_carries_the_vote_in_the_loss_reduction():
     assert added <= {"ConcatV2", "Reshape", "StridedSlice", "Cast", "Const"}, added
 
 
-def test_pytorch_carries_the_vote_in_the_first_gradient_bucket(torch_installed, tmp_path):
-    """Two gloo workers, a model in several DDP buckets: with the hook the gradients equal
-    DDP's own, the votes come back summed, and a backward pass without a vote carries none."""
+def test_pytorch_carries_the_vote_in_the_gradient_all_reduce(torch_installed, tmp_path):
+    """Two gloo workers, a model in several DDP buckets: with the ballot the loss and the
+    gradients equal DDP's own bit for bit, the votes come back summed, the ballot stays zero,
+    and the next step's vote replaces the last one's."""
     import os
     import socket
 
@@ -147,6 +147,7 @@ def test_pytorch_carries_the_vote_in_the_first_gradient_bucket(torch_installed, 
     for worker, (_, err) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, err[-3000:]
     facts = json.loads(outputs[0][0].strip().splitlines()[-1])
-    assert facts["equal"] and facts["left"]
+    assert facts["equal"]
     assert facts["summed"] == [0.0, 0.0, 1.0]  # SIGTERM (15) from rank 1 only
-    assert facts["untouched"] == facts["summed"]
+    assert facts["ballot"] == [0.0, 0.0, 0.0]
+    assert facts["next"] == [0.0, 0.0, 0.0]

@@ -1,11 +1,14 @@
 """The stop vote of a PyTorch run on several workers, carried by DDP's own gradient all-reduce
 (run/stop.py says why).
 
-`carry_votes(torch, ddp_model)` registers a communication hook that averages every gradient
-bucket as DDP does by default (each divided by the world size, then summed) and, on the first
-bucket of each backward pass, appends this worker's vote to it: the sums come back with the
-gradients, so the vote costs no collective of its own. The hook's futures have all ended when
-`backward()` returns, so the step's summed votes are ready to keep (`PendingVotes.push`).
+A ballot: one zero-valued parameter per stop signal, beside the network inside the module DDP
+wraps (`voting_model`). Each step adds `(ballot * vote).sum()` to the loss it differentiates:
+a term of value zero, so the loss and every other gradient are unchanged bit for bit, whose
+gradient is this worker's vote. DDP then averages the ballot's gradient with the network's in
+its own all-reduce (in the bucket of the network's first layers, the last reduced), so the
+vote costs no hook, no copy and no collective of its own, and the workers' summed votes are
+ready when `backward()` returns. The ballot is in no optimizer group (it never moves from
+zero) and in no checkpoint (the trainer saves the network).
 """
 
 from __future__ import annotations
@@ -13,41 +16,45 @@ from __future__ import annotations
 from hpcai500_tf.run import stop
 
 
-class CarriedVote:
-    """The hook's state: the vote the next backward pass carries, and the sums it brought."""
+def voting_model(torch, network, device):
+    """`network` with a ballot beside it (`.network`, `.ballot`): what DDP wraps on several
+    workers; its forward pass is the network's."""
 
-    def __init__(self, torch, world_size: int):
+    class Voting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.network = network
+            self.ballot = torch.nn.Parameter(
+                torch.zeros(len(stop.STOP_SIGNALS), dtype=torch.float32, device=device)
+            )
+
+        def forward(self, images):
+            return self.network(images)
+
+    return Voting()
+
+
+class Ballot:
+    """The ballot's per-step term and the summed votes it brings back."""
+
+    def __init__(self, torch, parameter, world_size: int):
         self.torch = torch
+        self.parameter = parameter
         self.world_size = world_size
-        self.local = None  # this worker's vote (a tensor on the bucket's device), or None
-        self.summed = None  # the sums of the last backward pass that carried a vote
+        self._votes = {}  # signum -> its vote as a tensor on the ballot's device
 
-    def hook(self, state, bucket):
-        torch, world_size = self.torch, self.world_size
-        buffer = bucket.buffer()
-        if bucket.index() != 0 or self.local is None:  # DDP's default: the workers' mean
-            buffer.div_(world_size)
-            work = torch.distributed.all_reduce(buffer, async_op=True)
-            return work.get_future().then(lambda future: future.value()[0])
-        size, local, self.local = buffer.numel(), self.local, None
-        flat = torch.cat([buffer / world_size, local.to(buffer.dtype)])
-        work = torch.distributed.all_reduce(flat, async_op=True)
+    def term(self, signum: int):
+        """What the step adds to the loss it differentiates: zero, with this worker's vote for
+        the ballot's gradient (the gradient left by the step before is dropped first)."""
+        vote = self._votes.get(signum)
+        if vote is None:
+            torch, device = self.torch, self.parameter.device
+            vote = torch.tensor(stop.vote(signum), dtype=torch.float32, device=device)
+            self._votes[signum] = vote
+        self.parameter.grad = None
+        return (self.parameter * vote).sum()
 
-        def split(future):
-            summed = future.value()[0]
-            self.summed = summed[size:].clone()
-            return summed[:size]
-
-        return work.get_future().then(split)
-
-
-def carry_votes(torch, model, world_size: int) -> CarriedVote:
-    """Register the vote-carrying hook on the DDP `model`; its state, to set `local` on."""
-    carried = CarriedVote(torch, world_size)
-    model.register_comm_hook(None, carried.hook)
-    return carried
-
-
-def vote_tensor(torch, signum: int, device):
-    """This worker's vote (`stop.vote`) as a float tensor on `device`."""
-    return torch.tensor(stop.vote(signum), dtype=torch.float32, device=device)
+    def summed(self):
+        """The workers' summed votes of the last backward pass (a tensor on the device; DDP
+        left their mean in the ballot's gradient)."""
+        return self.parameter.grad.detach() * self.world_size

@@ -215,13 +215,16 @@ class TorchTrainer(Trainer):
                 if not m["zero_init_residual"]:
                     torch.nn.init.ones_(module.weight)
         self.module = model.to(self.device, memory_format=torch.channels_last)
-        # Every worker starts from the chief's weights; its gradients are averaged over all.
-        self.model = distributed.wrap_model(torch, self.module, self.placement, self.device)
+        # Every worker starts from the chief's weights; its gradients are averaged over all,
+        # and on several workers so is its stop vote (pytorch/stop_vote.py).
+        self.ballot, wrapped = None, self.module
+        if self.placement.several:
+            wrapped = stop_vote.voting_model(torch, self.module, self.device)
+        self.model = distributed.wrap_model(torch, wrapped, self.placement, self.device)
+        if wrapped is not self.module:
+            self.ballot = stop_vote.Ballot(torch, wrapped.ballot, self.workers)
         # The stop votes the last steps carried in their gradient all-reduce (run/stop.py).
         self.votes = stop.PendingVotes(lambda summed: summed.cpu().tolist())
-        self._carried = None
-        if self.placement.several:
-            self._carried = stop_vote.carry_votes(torch, self.model, self.workers)
         decayed, kept = [], []
         for parameter in self.module.parameters():
             is_bn_or_bias = parameter.ndim == 1
@@ -291,11 +294,8 @@ class TorchTrainer(Trainer):
     def train_step(self, batch, vote: int | None = None):
         """One step; returns the loss tensor (reading it syncs the device). `vote`: this
         worker's stop signal (0: none), summed over the workers by the gradient all-reduce
-        and kept in `votes` (None, or one worker: no vote carried)."""
+        and kept in `votes` (None: none kept; one worker: none carried)."""
         images, labels = batch
-        carried = self._carried if vote is not None else None
-        if carried:
-            carried.local = stop_vote.vote_tensor(self.torch, vote, self.device)
         rate = self.schedule.rate(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = rate
@@ -303,11 +303,14 @@ class TorchTrainer(Trainer):
         with self._autocast():
             loss = self.loss_fn(self.model(images), labels)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        differentiated = self.scaler.scale(loss)
+        if self.ballot is not None:  # on every step: DDP waits for each parameter
+            differentiated = differentiated + self.ballot.term(vote or 0)
+        differentiated.backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        if carried:
-            self.votes.push(carried.summed)
+        if self.ballot is not None and vote is not None:
+            self.votes.push(self.ballot.summed())
         self.step += 1
         if self.workers > 1 and self.step % self.steps_per_epoch == 0:
             # Every worker's batch-norm statistics, the mean over all at each epoch's end, as
