@@ -20,25 +20,12 @@ import time
 
 def timed_step(precision: str, batch: int, image_size: int, max_size: int):
     """A function running one train step of an engine built with `max_size`, warmed up."""
-    from hpcai500_tf.config import prepare
-    from hpcai500_tf.engine.run import build_engine
+    from resnet_step import reference_engine
+
     from hpcai500_tf.models import kernels
 
     kernels.SHIFTED_GRADIENT_MAX_SIZE = max_size  # read as the step is traced (below)
-    setup = prepare(
-        "image_classification",
-        "reference",
-        [
-            "data.source='random'",
-            f"data.image_size={image_size}",
-            "data.num_classes=1000",
-            f"training.batch_per_replica={batch}",
-            "training.strategy='default'",
-            f"training.precision='{precision}'",
-        ],
-    )
-    engine = build_engine(setup, None)
-    batch_ = next(engine.train_batches())
+    engine, batch_ = reference_engine(precision, batch, image_size)
 
     def step() -> float:
         start = time.perf_counter()

@@ -52,24 +52,9 @@ def traced_steps(precision: str, batch: int, image_size: int, steps: int, out: P
     """Trace `steps` train steps, after one untraced, into `out`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
+    from resnet_step import reference_engine
 
-    from hpcai500_tf.config import prepare
-    from hpcai500_tf.engine.run import build_engine
-
-    setup = prepare(
-        "image_classification",
-        "reference",
-        [
-            "data.source='random'",
-            f"data.image_size={image_size}",
-            "data.num_classes=1000",
-            f"training.batch_per_replica={batch}",
-            "training.strategy='default'",
-            f"training.precision='{precision}'",
-        ],
-    )
-    engine = build_engine(setup, None)
-    images, labels = next(engine.train_batches())
+    engine, (images, labels) = reference_engine(precision, batch, image_size)
     step = engine.traced_train_step  # (images, labels)
     float(step(images, labels))
     tf.profiler.experimental.start(str(out))

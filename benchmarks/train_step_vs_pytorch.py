@@ -38,24 +38,9 @@ def tf_step_times(
 ):
     """The TensorFlow step's times; `overrides` are more config overrides ("key=value")."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from hpcai500_tf.config import prepare
-    from hpcai500_tf.engine.run import build_engine
+    from resnet_step import reference_engine
 
-    setup = prepare(
-        "image_classification",
-        "reference",
-        [
-            "data.source='random'",
-            f"data.image_size={image_size}",
-            "data.num_classes=1000",
-            f"training.batch_per_replica={batch}",
-            "training.strategy='default'",
-            f"training.precision='{precision}'",
-            *overrides,
-        ],
-    )
-    engine = build_engine(setup, None)
-    images, labels = next(engine.train_batches())
+    engine, (images, labels) = reference_engine(precision, batch, image_size, overrides)
     # Reading the loss back syncs.
     import tensorflow as tf
 

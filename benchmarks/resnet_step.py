@@ -1,0 +1,28 @@
+"""The ResNet-50 v1.5 step the step benchmarks time: the reference preset on random data at a
+given batch, image size and precision, on the default strategy (one replica), built as `train`
+builds it; shared by step_profile.py, train_step_vs_pytorch.py and shifted_gradient_step.py.
+"""
+
+from __future__ import annotations
+
+
+def reference_engine(precision: str, batch: int, image_size: int, overrides=()):
+    """The engine (engine/loop.py) and one of its training batches (images, labels)."""
+    from hpcai500_tf.config import prepare
+    from hpcai500_tf.engine.run import build_engine
+
+    setup = prepare(
+        "image_classification",
+        "reference",
+        [
+            "data.source='random'",
+            f"data.image_size={image_size}",
+            "data.num_classes=1000",
+            f"training.batch_per_replica={batch}",
+            "training.strategy='default'",
+            f"training.precision='{precision}'",
+            *overrides,
+        ],
+    )
+    engine = build_engine(setup, None)
+    return engine, next(engine.train_batches())
