@@ -85,6 +85,19 @@ def test_fusion_refuses_members_of_other_images():
         box_fusion.fuse([[NONE], [NONE, NONE]])
 
 
+def test_the_record_names_its_benchmarks_merging_rule():
+    from argparse import Namespace
+
+    for benchmark, words in (
+        ("extreme_weather", "weighted box fusion"),
+        ("image_classification", "mean of the members' probabilities"),
+    ):
+        data = {"benchmark": benchmark, "form": "weak_scaling", "rule": dict(throughput.RULE)}
+        ensemble.mark(data, Namespace(ensemble=True))
+        assert data["form"] == "ensemble" and words in data["rule"]["merging"]
+        assert data["rule"]["version"] == ensemble.RULE["version"]
+
+
 # ----------------------------------------------------------------------------- the files
 
 
