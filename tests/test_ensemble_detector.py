@@ -295,8 +295,12 @@ def test_a_detector_ensemble_is_ranked_and_reported_with_its_members(two_members
     assert main(["score", str(path)]) == 0
     said = capsys.readouterr().out
     assert "Ensemble quality" in said and "mAP@0.5" in said and "weighted box fusion" in said
+    member = path.parent / throughput.load(path)["members"][0]["run_dir"] / "record.json"
+    assert main(["rank", "--json", str(member)]) == 0  # a member alone is not ranked
+    assert "an ensemble member" in capsys.readouterr().out
     assert main(["report", str(path.parent), "--out", str(tmp_path / "report")]) == 0
     (page,) = (tmp_path / "report").glob("throughput-*.html")
     text = page.read_text()
     assert "Member 0" in text and "Member 1" in text and "its saved detections" in text
+    assert "Merging" in text and f"IoU &gt;= {box_fusion.THRESHOLD}" in text
     assert f"{throughput.score(path).quality:.4f} mAP@0.5 over 16 images" in text
