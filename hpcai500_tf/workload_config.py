@@ -16,12 +16,30 @@ IMAGE_CLASSIFICATION_DATASETS = {
     "random": "random (quality not measured)",
 }
 
-# Why a bootstrap sample (an ensemble member's data) is drawn from procedural data only.
-BOOTSTRAP_SOURCES = (
-    "bootstrap_member draws training examples by index: it needs source = 'procedural', not "
-    "'{source}' (random data measures no quality; ImageNet TFRecords are read in shuffled "
-    "shard order, with no index per example: not built)"
-)
+# The sources a bootstrap sample (an ensemble member's data) is drawn from, by benchmark:
+# those whose training examples are read by index; and why the others are not.
+BOOTSTRAP_SOURCES = {
+    "image_classification": (
+        ("procedural",),
+        "random data measures no quality; ImageNet TFRecords are read in shuffled shard "
+        "order, with no index per example: not built",
+    ),
+    "extreme_weather": (("synthetic", "hdf5"), "random data measures no quality"),
+}
+
+
+def bootstrap_problem(benchmark_name: str, source: str) -> str | None:
+    """Why `source` cannot give a bootstrap sample of `benchmark_name`'s training data, in
+    one line; None where it can."""
+    sources, why = BOOTSTRAP_SOURCES[benchmark_name]
+    if source in sources:
+        return None
+    needed = " or ".join(f"'{name}'" for name in sources)
+    return (
+        f"bootstrap_member draws training examples by index: it needs source = {needed}, "
+        f"not '{source}' ({why})"
+    )
+
 
 EXTREME_WEATHER_DATASETS = {
     "hdf5": "extremeweather",
@@ -73,8 +91,8 @@ class ImageClassificationData:
             return problem
         if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
             return "generated data needs train_examples and eval_examples > 0"
-        if self.bootstrap_member >= 0 and self.source != "procedural":
-            return BOOTSTRAP_SOURCES.format(source=self.source)
+        if self.bootstrap_member >= 0:
+            return bootstrap_problem("image_classification", self.source)
         return None
 
 
@@ -135,6 +153,9 @@ class ExtremeWeatherData:
     synthetic_samples: int  # per year file (synthetic and random)
     synthetic_height: int  # synthetic and random images, before downsampling
     synthetic_width: int
+    # An ensemble member's index (`train --instances M --ensemble`): it trains on its bootstrap
+    # sample of the training years' samples (data/bootstrap.py); -1: on all of them.
+    bootstrap_member: int = -1
 
     def check(self) -> str | None:
         if self.source not in EXTREME_WEATHER_DATASETS:
@@ -153,6 +174,7 @@ class ExtremeWeatherData:
             synthetic_samples=(0, 1_000_000),
             synthetic_height=(1, 16_384),
             synthetic_width=(1, 16_384),
+            bootstrap_member=(-1, validation.INT32_MAX),
         )
         if problem:
             return problem
@@ -160,6 +182,8 @@ class ExtremeWeatherData:
             return "synthetic and random images need height and width >= 32"
         if self.source == "synthetic" and self.synthetic_samples < 1:
             return "synthetic data need synthetic_samples >= 1"
+        if self.bootstrap_member >= 0:
+            return bootstrap_problem("extreme_weather", self.source)
         return None
 
 

@@ -44,3 +44,14 @@ def description(seed: int, member: int, indices: np.ndarray) -> dict:
         "digest": digest(indices),
         "digest_method": DIGEST_METHOD,
     }
+
+
+def member_sample(seed: int, member: int, examples: int, facts: dict) -> np.ndarray | None:
+    """What a workload trains on as member `member` of an ensemble (-1: none): its draw of
+    `examples` training examples, described in `facts["training_sample"]` (its L9 facts);
+    None, and nothing described, outside an ensemble."""
+    if member < 0:
+        return None
+    indices = draw(seed, member, examples)
+    facts["training_sample"] = description(seed, member, indices)
+    return indices

@@ -317,10 +317,13 @@ def dataset(
     downsample: int,
     image_shape: tuple[int, int],
     read_with: str = "auto",
+    sample=None,
 ):
     """Unbatched (image (H, W, 16) normalised, boxes (15, 5)) pairs of one worker's shard, in
     the order of the (file, sample) pairs, shuffled by `seed` when training. `read_with`:
-    "auto" (`reader(files)`), "pread" or "h5py" (see the module's docstring)."""
+    "auto" (`reader(files)`), "pread" or "h5py" (see the module's docstring). `sample`
+    (training only): the examples to read instead of each pair once, as indices into the
+    pairs in file order (a bootstrap sample, data/bootstrap.py; duplicates read twice)."""
     import tensorflow as tf
 
     if read_with not in ("auto", "pread", "h5py"):
@@ -329,6 +332,8 @@ def dataset(
     if read_with == "pread" and kind != "pread":
         raise UserError(f"{why}: the pread reader cannot read it")
     index = [(f, i) for f, count in enumerate(counts) for i in range(count)]
+    if sample is not None and training:
+        index = [index[i] for i in sample]
     count, position = shard
     index = index[position::count]
     mean = np.asarray(stats["mean"], np.float32)

@@ -14,11 +14,13 @@ from hpcai500_tf.run.ensemble import EnsembleScore
 def score_rows(one: EnsembleScore) -> list[tuple[str, str]]:
     per_watt = one.valid_flops_per_watt
     reached = "reached" if one.reached_target else "missed"
+    examples = "images" if one.saved == "detections" else "examples"
     rows = [
         ("Rule", one.rule),
+        ("Merging", one.merging),
         ("Members", f"{one.members_in} of {one.instances} in the ensemble"),
-        ("Ensemble quality", f"{one.quality:.4f} top-1 over {one.evaluated_examples} examples "
-         f"(mean of the members' probabilities; {reached} the target {one.target:g})"),
+        ("Ensemble quality", f"{one.quality:.4f} {one.quality_name} over "
+         f"{one.evaluated_examples} {examples} ({reached} the target {one.target:g})"),
         ("Window", f"{duration(one.window_s)} (earliest run_start to latest run_stop)"),
         ("Total FLOPs", f"{one.total_flops:.4g} (every member in the ensemble)"),
         ("FLOPS", si(one.flops, "FLOPS")),
@@ -30,7 +32,7 @@ def score_rows(one: EnsembleScore) -> list[tuple[str, str]]:
     for member in one.members:
         quality = "-" if member["quality"] is None else f"{member['quality']:.4f}"
         kept = member["quality_from_predictions"]
-        own = f" (its saved probabilities: {kept:.4f})" if kept is not None else ""
+        own = f" (its saved {one.saved}: {kept:.4f})" if kept is not None else ""
         place = "in the ensemble" if member["in_ensemble"] else f"left out: {member['why']}"
         rows.append(
             (f"Member {member['index']}", f"{member['status']}, quality {quality}{own}; {place}")

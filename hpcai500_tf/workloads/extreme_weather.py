@@ -2,7 +2,10 @@
 
 Supplies model, data, loss and quality to the shared engine. Data are either ExtremeWeather
 HDF5 files (`--data DIR`, split by year) or synthetic files in the same layout, generated once
-into a cache directory (`data.source = "synthetic"`).
+into a cache directory (`data.source = "synthetic"`). An ensemble member
+(`data.bootstrap_member`) trains on its bootstrap sample of the training years' samples
+(data/bootstrap.py) and keeps each evaluation's detections, in evaluation order, for
+run/predictions.py to save.
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from hpcai500_tf import config
+from hpcai500_tf.data import bootstrap, listing
 from hpcai500_tf.data import extreme_weather as ew
-from hpcai500_tf.data import listing
 from hpcai500_tf.data.listing import cache_dir
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.measure.mean_average_precision import mean_average_precision
+from hpcai500_tf.measure import detection_lists
+from hpcai500_tf.measure.mean_average_precision import EWA_THRESHOLD, mean_average_precision
 from hpcai500_tf.models.faster_rcnn import FasterRCNN
 from hpcai500_tf.models.kernels import resolve
 from hpcai500_tf.workload_config import EXTREME_WEATHER_DATASETS as DATASET_NAMES
@@ -38,6 +43,9 @@ class ExtremeWeather:
         self.kernels = resolve(self.model_config.kernels)  # as L7 records it
         self.data_name = DATASET_NAMES[d.source]
         self.facts: dict = {}  # L9 facts found in the files (none for random data)
+        # An ensemble member: its bootstrap sample of the training split, and the detections
+        # its evaluation keeps (run/predictions.py saves them); None for any other run.
+        self.sample, self.predictions = None, None
         if d.source == "random":
             if data_dir is not None:
                 raise UserError("random data read no files: drop --data")
@@ -81,6 +89,10 @@ class ExtremeWeather:
         self.eval_examples = sum(self.eval_counts)
         self.stats = ew.normalization(self.train_files, directory)
         self._record_data_facts((height, width))
+        seed = int(preset.get("training", {}).get("seed", 0))  # the run's, as L8 records it
+        self.sample = bootstrap.member_sample(
+            seed, d.bootstrap_member, self.train_examples, self.facts
+        )
 
     def _record_data_facts(self, shape: tuple[int, int]) -> None:
         """What the checked files hold, compared with the benchmark's reference data: the
@@ -144,6 +156,12 @@ class ExtremeWeather:
     def measures_quality(self) -> bool:
         return self.data.source != "random"
 
+    @property
+    def keeps_predictions(self) -> bool:
+        """An ensemble member's: its evaluation keeps its detections, in evaluation order
+        (the engine reads the split in order for it)."""
+        return self.sample is not None
+
     def build_model(self):
         model = self.model_config  # its fields are the model's arguments, by name
         return FasterRCNN(
@@ -168,7 +186,7 @@ class ExtremeWeather:
         counts = self.train_counts if training else self.eval_counts
         return ew.dataset(
             files, counts, self.stats, training, seed, shard, self.data.downsample,
-            self.image_size,
+            self.image_size, sample=self.sample if training else None,
         )  # fmt: skip
 
     def data_warnings(self, workers: int) -> list[str]:
@@ -199,21 +217,21 @@ class ExtremeWeather:
         return {**detections, "truth": labels}
 
     def quality(self, batches: list[dict]) -> float:
-        """mAP at IoU 0.5 over the evaluation years (VOC all-point interpolation)."""
-        detections, truth = [], []
-        for batch in batches:
-            for i in range(len(batch["valid"])):
-                n = int(batch["valid"][i])
-                detections.append(
-                    (batch["boxes"][i, :n], batch["scores"][i, :n], batch["classes"][i, :n])
-                )
-                rows = batch["truth"][i]
-                rows = rows[rows[:, 4] >= 0]
-                truth.append((rows[:, :4], rows[:, 4].astype(int)))
+        """mAP at IoU 0.5 over the evaluation years (VOC all-point interpolation); an ensemble
+        member keeps its padded detections and the truth, in evaluation order, as
+        `predictions`."""
+        if not batches:
+            raise UserError("evaluation: the evaluation split produced no images")
+        names = ("boxes", "scores", "classes", "valid", "truth")
+        held = {name: np.concatenate([batch[name] for batch in batches]) for name in names}
+        detections = detection_lists.detections(*(held[name] for name in names[:4]))
+        truth = detection_lists.ground_truth(held["truth"])
         try:
-            value, _ = mean_average_precision(detections, truth, len(ew.CLASSES), 0.5)
+            value, _ = mean_average_precision(detections, truth, len(ew.CLASSES), EWA_THRESHOLD)
         except ValueError as error:
             raise UserError(f"evaluation: {error}") from None
+        if self.keeps_predictions:
+            self.predictions = {**held, "num_classes": len(ew.CLASSES)}
         return value
 
     def workload_layer(self) -> dict:

@@ -62,15 +62,10 @@ class ImageClassification:
             self._verify_data()
         # An ensemble member: its bootstrap sample of the training split, and the evaluation
         # probabilities it keeps (run/predictions.py saves them); None for any other run.
-        self.sample, self.predictions = self._bootstrap_sample(), None
-
-    def _bootstrap_sample(self):
-        member = self.data.bootstrap_member
-        if member < 0:
-            return None
-        sample = bootstrap.draw(self.content_seed, member, self.train_examples)
-        self.facts["training_sample"] = bootstrap.description(self.content_seed, member, sample)
-        return sample
+        self.sample = bootstrap.member_sample(
+            self.content_seed, self.data.bootstrap_member, self.train_examples, self.facts
+        )
+        self.predictions = None
 
     def _verify_data(self) -> None:
         """Count and fingerprint both splits and sample their labels; compare them with the
