@@ -16,11 +16,10 @@ IMAGE_CLASSIFICATION_DATASETS = {
     "random": "random (quality not measured)",
 }
 
-# Why a bootstrap sample (an ensemble member's data) is drawn from procedural data only.
+# Why a bootstrap sample (an ensemble member's data) is not drawn from random data.
 BOOTSTRAP_SOURCES = (
-    "bootstrap_member draws training examples by index: it needs source = 'procedural', not "
-    "'{source}' (random data measures no quality; ImageNet TFRecords are read in shuffled "
-    "shard order, with no index per example: not built)"
+    "bootstrap_member draws training examples by index: it needs source = 'procedural' or "
+    "'imagenet', not '{source}' (random data is one example repeated and measures no quality)"
 )
 
 EXTREME_WEATHER_DATASETS = {
@@ -73,7 +72,7 @@ class ImageClassificationData:
             return problem
         if self.source != "imagenet" and (self.train_examples == 0 or self.eval_examples == 0):
             return "generated data needs train_examples and eval_examples > 0"
-        if self.bootstrap_member >= 0 and self.source != "procedural":
+        if self.bootstrap_member >= 0 and self.source == "random":
             return BOOTSTRAP_SOURCES.format(source=self.source)
         return None
 

@@ -65,7 +65,7 @@ def check_arguments(args, backend) -> None:
     data, _ = data_and_model(setup.benchmark.name, setup.config)
     if data.bootstrap_member != -1:
         raise UserError("data.bootstrap_member is set by --ensemble for each member: drop it")
-    if data.source != "procedural":
+    if data.source == "random":
         raise UserError("--ensemble: " + BOOTSTRAP_SOURCES.format(source=data.source))
 
 
