@@ -39,10 +39,11 @@ def _record(shard: int, position: int) -> bytes:
 
 @pytest.fixture
 def uneven(tmp_path):
-    """Train shards of 5, 0 and 7 distinct records (and one validation shard)."""
+    """Train shards of 5, 0 and 37 distinct records (the last more than one block of
+    bootstrap_records.BLOCK), and one validation shard."""
     data = tmp_path / "uneven"
     data.mkdir()
-    sizes = (5, 0, 7)
+    sizes = (5, 0, 37)
     for shard, size in enumerate(sizes):
         with tf.io.TFRecordWriter(str(data / f"train-{shard:05d}-of-00003")) as writer:
             for position in range(size):
@@ -59,7 +60,8 @@ def _in_listing_order(data_dir) -> list[bytes]:
 
 
 def _pairs(dataset) -> list[tuple[int, bytes]]:
-    return [(int(index), record.numpy()) for index, record in dataset]
+    """(example index, record) of each record of `dataset`'s blocks."""
+    return [(int(index), record.numpy()) for index, record in dataset.unbatch()]
 
 
 # ----------------------------------------------------------------------------- the index
@@ -68,7 +70,7 @@ def _pairs(dataset) -> list[tuple[int, bytes]]:
 @pytest.mark.parametrize("workers", [1, 2, 3, 4])  # whole files (1-3), records split (4)
 def test_every_record_comes_once_with_its_place_in_the_listing(uneven, workers):
     facts = imagenet.split_facts(uneven, "train")
-    assert facts.shard_records == (5, 0, 7)
+    assert facts.shard_records == (5, 0, 37)
     firsts = bootstrap_records.first_indices(facts.shard_records)
     assert firsts == [0, 5, 5]
     seen = []
@@ -83,18 +85,18 @@ def test_the_count_cache_keeps_each_shards_records_and_an_old_cache_is_counted_a
     path = uneven / listing.CACHE_FILE
     kept = json.loads(path.read_text())
     assert kept["splits"]["train"]["shard_records"] == [
-        ["train-00000-of-00003", 5], ["train-00001-of-00003", 0], ["train-00002-of-00003", 7]
+        ["train-00000-of-00003", 5], ["train-00001-of-00003", 0], ["train-00002-of-00003", 37]
     ]  # fmt: skip
     assert imagenet.split_facts(uneven, "train") == first  # from the cache
     del kept["splits"]["train"]["shard_records"]  # as a cache written before they were kept
     path.write_text(json.dumps(kept))
-    assert imagenet.split_facts(uneven, "train").shard_records == (5, 0, 7)
+    assert imagenet.split_facts(uneven, "train").shard_records == (5, 0, 37)
     assert "shard_records" in json.loads(path.read_text())["splits"]["train"]
 
 
 def test_the_expansion_gives_each_record_as_often_as_its_count():
-    pairs = tf.data.Dataset.from_tensor_slices(
-        (tf.constant([0, 1, 2, 3], tf.int64), tf.constant([b"a", b"b", b"c", b"d"]))
+    pairs = tf.data.Dataset.from_tensor_slices(  # two blocks of two records
+        (tf.constant([[0, 1], [2, 3]], tf.int64), tf.constant([[b"a", b"b"], [b"c", b"d"]]))
     )
     counts = np.array([2, 0, 3, 1], np.int32)
     got = [r.numpy() for r in bootstrap_records.expanded(pairs, counts)]
@@ -211,7 +213,7 @@ def test_the_draw_counts_and_their_table_are_built_at_imagenet_size_without_a_py
     counts = bootstrap_records.draw_counts(sample, examples)
     assert counts.shape == (examples,) and counts.sum() == examples
     last = int(sample.max())
-    pairs = tf.data.Dataset.from_tensors((tf.constant(last, tf.int64), tf.constant(b"x")))
+    pairs = tf.data.Dataset.from_tensors((tf.constant([last], tf.int64), tf.constant([b"x"])))
     assert len(list(bootstrap_records.expanded(pairs, counts))) == counts[last] > 0
     shard_records = [1251] * 1024  # about ImageNet's train-00000 .. train-01023
     assert bootstrap_records.first_indices(shard_records)[-1] == 1251 * 1023

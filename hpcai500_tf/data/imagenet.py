@@ -170,8 +170,8 @@ def imagenet_records(
     """The serialized records of one worker's shard (its files shuffled by `seed` when
     training), cached where `cache` says: the part of `imagenet_dataset` an epoch's stream
     may share with the others (`decoded` shuffles and decodes each epoch by its own seed).
-    With `first_indices` (each file's first example index, data/bootstrap_records.py), each
-    record comes as (its example index, the record)."""
+    With `first_indices` (each file's first example index, data/bootstrap_records.py), the
+    records come in blocks with their example indices."""
     split = "train" if training else "validation"
     files = shard_files(data_dir, split)
     if first_indices is not None and len(first_indices) != len(files):
@@ -262,7 +262,7 @@ def worker_records(
     are at least as many files as workers, else every file with its records split by position
     (record i to worker i % count) before any interleave, so that no order can make shards
     overlap. With `first_indices` (each file's first example index), the files come with
-    them and the reader gives (example index, record) pairs (data/bootstrap_records.py)."""
+    them and the reader gives blocks of (example indices, records) (data/bootstrap_records.py)."""
     whole = len(files) >= count
     names = files[index::count] if whole else files
     if first_indices is not None:
