@@ -12,7 +12,7 @@ dataset_verification.py: 1,024 train shards holding 1,281,167 small tf.train.Exa
     tagged with its index and given as often as drawn), counted in batches of 1,024; both
     must come to 1,281,167 records.
 No image is decoded (the records hold no JPEG): the pass measures the reading and the
-expansion only, which a real run follows with decoding at ~1-2 ms per image per core.
+expansion only; a real run decodes after them (not measured here).
 
     python benchmarks/bootstrap_stream.py
 """
