@@ -277,3 +277,30 @@ def test_two_members_on_tfrecords_make_one_ensemble_the_test_recomputes(
     assert np.array_equal(held[0][1], held[1][1]) and held[0][1].size == 12
     mean = (held[0][0] + held[1][0]) / 2
     assert throughput.score(path).quality == pytest.approx(np.mean(mean.argmax(1) == held[0][1]))
+
+
+@pytest.mark.slow  # three runs of 12 examples in this process: ~20 s on 2 busy cores
+def test_a_member_stopped_mid_epoch_resumes_on_its_tfrecords_to_an_uninterrupted_members_weights(
+    imagenet_dir,  # noqa: F811
+    tmp_path,
+):
+    """The lifecycle's own stop and resume (tests/test_stop_keeps_work.py's): the resumed
+    member rebuilds its draw from its saved config and skips the batches it trained, so it
+    ends with the weights of a member never stopped."""
+    from tests.test_stop_keeps_work import TINY, Stopping, _run, _tensorflow_build, _weights
+
+    build = _tensorflow_build()
+    setup = config.prepare("image_classification", "tiny", [*TINY, *MEMBER])
+    data = str(imagenet_dir)
+    stopped, path = _run(setup, Stopping(build, 2), out_dir=tmp_path / "stopped", data_dir=data)
+    assert stopped["status"] == "stopped", stopped["warnings"]
+    resuming = Stopping(build)
+    resumed, _ = _run(setup, resuming, resume=str(path.parent), data_dir=data)
+    whole = Stopping(build)
+    plain, _ = _run(setup, whole, out_dir=tmp_path / "whole", data_dir=data)
+    assert resumed["status"] == "completed", resumed["warnings"]
+    sample = resumed["layers"]["L9"]["training_sample"]
+    assert sample == plain["layers"]["L9"]["training_sample"]
+    assert sample["digest"] == bootstrap.digest(bootstrap.draw(10, 1, 12))
+    for got, want in zip(_weights(resuming.built), _weights(whole.built), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
