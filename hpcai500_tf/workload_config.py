@@ -20,9 +20,8 @@ IMAGE_CLASSIFICATION_DATASETS = {
 # those whose training examples are read by index; and why the others are not.
 BOOTSTRAP_SOURCES = {
     "image_classification": (
-        ("procedural",),
-        "random data measures no quality; ImageNet TFRecords are read in shuffled shard "
-        "order, with no index per example: not built",
+        ("procedural", "imagenet"),
+        "random data is one example repeated and measures no quality",
     ),
     "extreme_weather": (("synthetic", "hdf5"), "random data measures no quality"),
 }

@@ -148,3 +148,85 @@ def test_a_stop_to_the_task_reaches_its_instance_and_the_task_returns(whole_step
     assert time.monotonic() - began < 10
     assert task.returncode == 143, output
     assert output.splitlines() == ["child stopped by 15", f"task 143 {int(signal.SIGTERM)}"]
+
+
+# ----------------------------------------------------------------------------- an ensemble
+
+
+def _step_task(procid: int) -> dict[str, str]:
+    """Task `procid` of a two-node, two-task step, as srun sets its variables."""
+    return {
+        "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid),
+        "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    }  # fmt: skip
+
+
+ENSEMBLE = ["train", "image_classification", "--preset", "tiny", "--no-tensorboard",
+            "--power-hz", "0", "--instances", "2", "--ensemble"]  # fmt: skip
+
+
+def test_an_ensembles_tasks_give_each_member_its_index_and_the_last_chief_its_record(
+    tmp_path, monkeypatch, capsys
+):
+    """Each task's `train` (a stand-in here, that trains nothing) gets its member's index and
+    the run's seed; the chief that ends last writes an ensemble's throughput record and says
+    why it has no score (no member left a record)."""
+    from hpcai500_tf.cli import main
+    from hpcai500_tf.run import ensemble, slurm_task, throughput
+
+    started = []
+    monkeypatch.setattr(slurm_task, "run_instance", lambda command, env: started.append(command)
+                        or (0, None))  # fmt: skip
+    for procid in (0, 1):
+        for name, value in _step_task(procid).items():
+            monkeypatch.setenv(name, value)
+        assert main([*ENSEMBLE, "--out", str(tmp_path)]) == 0
+    for index, command in enumerate(started):
+        settings = [command[i + 1] for i, part in enumerate(command) if part == "--set"]
+        assert "training.seed=10" in settings and f"data.bootstrap_member={index}" in settings
+    (path,) = tmp_path.glob("*-x2-77.0/throughput.json")
+    data = throughput.load(path)
+    rule = {**ensemble.RULE, "merging": ensemble.MERGING["image_classification"]}
+    assert (data["form"], data["rule"], data["placement"]) == ("ensemble", rule, "slurm")
+    assert [m["seed"] for m in data["members"]] == [10, 10]
+    out = capsys.readouterr().out
+    assert out.count("throughput record:") == 1  # the last chief's
+    assert "no throughput score: " in out and "no instance wrote a record: nothing to score" in out
+
+
+@pytest.mark.slow  # two tiny members side by side: about a minute on 2 loaded cores
+def test_two_srun_tasks_train_an_ensemble_the_test_recomputes(tmp_path):
+    """Two tasks of a simulated step (srun's variables, no Slurm), each a real member."""
+    import numpy as np
+
+    from hpcai500_tf import record
+    from hpcai500_tf.data import bootstrap
+    from hpcai500_tf.run import predictions, throughput
+
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hpcai500_tf.cli", *ENSEMBLE, "--out", str(tmp_path)],
+            env={**os.environ, **_step_task(procid), "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for procid in (0, 1)
+    ]
+    said = [task.communicate(timeout=600)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], said
+    (path,) = tmp_path.glob("*-x2-77.0/throughput.json")
+    data = throughput.load(path)
+    assert (data["form"], data["status"]) == ("ensemble", "completed")
+    held = []
+    for index, member in enumerate(data["members"]):
+        run_dir = path.parent / member["run_dir"]
+        rec = record.load(run_dir / "record.json")
+        digest = rec["layers"]["L9"]["training_sample"]["digest"]
+        assert digest == bootstrap.digest(bootstrap.draw(10, index, 256))
+        held.append(predictions.load(run_dir, rec["quality"]["curve"][-1]["epoch"]))
+    quality = float(np.mean(((held[0][0] + held[1][0]) / 2).argmax(1) == held[0][1]))
+    one = throughput.score(path)
+    assert one.quality == pytest.approx(quality)
+    assert sum(one.summary() in text for text in said) == 1  # said by the last chief alone

@@ -35,7 +35,7 @@ from typing import TextIO
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from hpcai500_tf.data import listing, tfrecords
+from hpcai500_tf.data import bootstrap_records, listing, tfrecords
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_lock_file
 
@@ -165,20 +165,29 @@ def imagenet_records(
     shard: tuple[int, int] = (1, 0),
     cache: bool = False,
     cache_dir: str = "",
+    first_indices: list[int] | None = None,
 ) -> tf.data.Dataset:
     """The serialized records of one worker's shard (its files shuffled by `seed` when
     training), cached where `cache` says: the part of `imagenet_dataset` an epoch's stream
-    may share with the others (`decoded` shuffles and decodes each epoch by its own seed)."""
+    may share with the others (`decoded` shuffles and decodes each epoch by its own seed).
+    With `first_indices` (each file's first example index, data/bootstrap_records.py), the
+    records come in blocks with their example indices."""
     split = "train" if training else "validation"
     files = shard_files(data_dir, split)
-    dataset, files_here, read = worker_records(files, *shard)
+    if first_indices is not None and len(first_indices) != len(files):
+        raise UserError(
+            f"{data_dir}: {len(files)} {split} shard file(s), {len(first_indices)} when their "
+            "records were counted: the data changed during the run"
+        )
+    dataset, files_here, read = worker_records(files, *shard, first_indices=first_indices)
     if training:
         dataset = dataset.shuffle(files_here, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.interleave(
         read, cycle_length=interleave_width(files_here), num_parallel_calls=tf.data.AUTOTUNE
     )
     if cache:
-        prefix = cache_prefix(cache_dir, data_dir, split, files, shard) if cache_dir else ""
+        indexed = first_indices is not None
+        prefix = cache_dir and cache_prefix(cache_dir, data_dir, split, files, shard, indexed)
         dataset = dataset.cache(prefix)
     return dataset
 
@@ -204,12 +213,18 @@ _CLAIMED: dict[str, TextIO] = {}  # cache prefix -> its lock file, held while th
 
 
 def cache_prefix(
-    cache_dir: str, data_dir: str | Path, split: str, files: list[str], shard: tuple[int, int]
+    cache_dir: str,
+    data_dir: str | Path,
+    split: str,
+    files: list[str],
+    shard: tuple[int, int],
+    indexed: bool = False,
 ) -> str:
     """Where worker `shard` keeps its records of `split` in `cache_dir`: named by a digest of
-    the data directory, its shard listing and the worker's place, so that a cache of other data
-    or of another worker is never read. While this process runs it holds a lock there; the
-    partial files a killed process left (tf.data's `_N.lockfile` would block) are removed."""
+    the data directory, its shard listing, the worker's place and whether each record is kept
+    with its index, so that a cache of other data, of another worker or of other elements is
+    never read. While this process runs it holds a lock there; the partial files a killed
+    process left (tf.data's `_N.lockfile` would block) are removed."""
     if not Path(cache_dir).is_dir():
         missing = not os.path.lexists(cache_dir)
         raise UserError(
@@ -217,6 +232,7 @@ def cache_prefix(
             + ("does not exist: make it first" if missing else "is not a directory")
         )
     key = [str(Path(data_dir).resolve()), listing.fingerprint([Path(f) for f in files]), *shard]
+    key += ["indexed"] if indexed else []  # the prefixes of plain records stay as they were
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     prefix = Path(cache_dir).resolve() / f"hpcai500-{split}-{digest}"
     if str(prefix) in _CLAIMED:
@@ -240,18 +256,28 @@ def cache_prefix(
 
 
 def worker_records(
-    files: list[str], count: int, index: int
-) -> tuple[tf.data.Dataset, int, Callable[[tf.Tensor], tf.data.Dataset]]:
+    files: list[str], count: int, index: int, first_indices: list[int] | None = None
+) -> tuple[tf.data.Dataset, int, Callable[..., tf.data.Dataset]]:
     """(file names, how many, reader) of worker `index` of `count`: whole files when there
     are at least as many files as workers, else every file with its records split by position
     (record i to worker i % count) before any interleave, so that no order can make shards
-    overlap."""
-    if len(files) >= count:
-        here = files[index::count]
-        return tf.data.Dataset.from_tensor_slices(here), len(here), tf.data.TFRecordDataset
+    overlap. With `first_indices` (each file's first example index), the files come with
+    them and the reader gives blocks of (example indices, records) (data/bootstrap_records.py)."""
+    whole = len(files) >= count
+    names = files[index::count] if whole else files
+    if first_indices is not None:
+        firsts = first_indices[index::count] if whole else first_indices
+        parts = (1, 0) if whole else (count, index)
+        return (
+            tf.data.Dataset.from_tensor_slices((names, tf.constant(firsts, tf.int64))),
+            len(names),
+            lambda path, first: bootstrap_records.indexed(path, first, *parts),
+        )
+    if whole:
+        return tf.data.Dataset.from_tensor_slices(names), len(names), tf.data.TFRecordDataset
     return (
-        tf.data.Dataset.from_tensor_slices(files),
-        len(files),
+        tf.data.Dataset.from_tensor_slices(names),
+        len(names),
         lambda path: tf.data.TFRecordDataset(path).shard(count, index),
     )
 
@@ -284,6 +310,9 @@ class SplitFacts:
     records: int
     fingerprint: str
     sampled_labels: dict[int, int]
+    # Each shard file's records, in `shard_files` order (what a record's index is built from:
+    # data/bootstrap_records.py); () where they were not kept.
+    shard_records: tuple[int, ...] = ()
 
 
 def split_facts(data_dir: str | Path, split: str) -> SplitFacts:
@@ -293,20 +322,22 @@ def split_facts(data_dir: str | Path, split: str) -> SplitFacts:
     the others wait for its result."""
     files = [Path(p) for p in shard_files(data_dir, split)]
     fingerprint = listing.fingerprint(files)
-    if kept := _kept_facts(data_dir, split, fingerprint):
+    if kept := _kept_facts(data_dir, split, fingerprint, files):
         return kept
     with listing.finding(data_dir):
-        if kept := _kept_facts(data_dir, split, fingerprint):
+        if kept := _kept_facts(data_dir, split, fingerprint, files):
             return kept  # found by the worker this one waited for
         with ThreadPoolExecutor(min(READERS, len(files))) as pool:
             counts, labels = zip(*pool.map(_shard_facts, files), strict=True)
-        facts = SplitFacts(sum(counts), fingerprint, dict(sorted(Counter(chain(*labels)).items())))
+        sampled = dict(sorted(Counter(chain(*labels)).items()))
+        facts = SplitFacts(sum(counts), fingerprint, sampled, tuple(counts))
         listing.store(
             data_dir,
             split,
             {
                 "fingerprint": fingerprint,
                 "records": facts.records,
+                "shard_records": [[f.name, n] for f, n in zip(files, counts, strict=True)],
                 "label_sample_per_shard": LABEL_SAMPLE_PER_SHARD,
                 "sampled_labels": [[label, n] for label, n in facts.sampled_labels.items()],
             },
@@ -314,14 +345,23 @@ def split_facts(data_dir: str | Path, split: str) -> SplitFacts:
     return facts
 
 
-def _kept_facts(data_dir: str | Path, split: str, fingerprint: str) -> SplitFacts | None:
-    """The split's facts from the count cache, or None (none kept, or a damaged entry)."""
+def _kept_facts(
+    data_dir: str | Path, split: str, fingerprint: str, files: list[Path]
+) -> SplitFacts | None:
+    """The split's facts from the count cache, or None (none kept, a damaged entry, or one
+    kept before each shard's records were: counted again then)."""
     kept = listing.load(data_dir, split, fingerprint)
     if not kept or kept.get("label_sample_per_shard") != LABEL_SAMPLE_PER_SHARD:
         return None
     try:
         labels = {int(label): int(n) for label, n in kept["sampled_labels"]}
-        return SplitFacts(int(kept["records"]), fingerprint, labels)
+        names, counts = zip(*kept["shard_records"], strict=True)
+        counts = tuple(int(n) for n in counts)
+        if list(names) != [f.name for f in files] or min(counts) < 0:
+            return None
+        if sum(counts) != int(kept["records"]):
+            return None
+        return SplitFacts(int(kept["records"]), fingerprint, labels, counts)
     except (KeyError, TypeError, ValueError):
         return None
 

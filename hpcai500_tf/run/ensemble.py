@@ -57,7 +57,6 @@ SAMPLE_FIELD = ("L9", "training_sample")  # each member's own draw: not a layer 
 def check_arguments(args, backend) -> None:
     """What `--ensemble` cannot go with, in one line before anything starts."""
     from hpcai500_tf import config
-    from hpcai500_tf.cluster import workers
     from hpcai500_tf.workload_config import bootstrap_problem, data_and_model
 
     if args.instances is None:
@@ -69,8 +68,6 @@ def check_arguments(args, backend) -> None:
             f"--ensemble is not built for --framework {backend.name}: its evaluation does not "
             "save its outputs (TensorFlow's does)"
         )
-    if workers.under_slurm():
-        raise UserError("--ensemble under srun is not built: run its members on one machine")
     setup = config.run_setup(args.benchmark, args.preset, args.set, args.config)
     if setup.benchmark.name not in MERGING:
         raise UserError(f"--ensemble is not built for {setup.benchmark.name}: no merging rule")

@@ -10,11 +10,13 @@ stopped record, and the throughput record says the instances were stopped: one s
 sampled here, once for the machine, over the whole window.
 
 Under srun each task runs its instance's `train` with its group's step variables
-(`instances.slurm_group`); the chief of each instance leaves its member note beside the runs,
-and whichever chief ends last writes the throughput record, its energy the members' records'
-added over their disjoint nodes (run/window_energy.py). A scancel's SIGTERM reaches every
-task: each passes it on and waits for its instance (run/slurm_task.py), so the stopped
-members are named in a throughput record of status `stopped`.
+(`instances.slurm_group`; an ensemble member also its index, `ensemble.member_arguments`); the
+chief of each instance leaves its member note beside the runs, and whichever chief ends last
+writes the throughput record (an ensemble's form and rule where `--ensemble` is given) and
+says its score, its energy the members' records' added over their disjoint nodes
+(run/window_energy.py). A scancel's SIGTERM reaches every task: each passes it on and waits
+for its instance (run/slurm_task.py), so the stopped members are named in a throughput record
+of status `stopped`.
 """
 
 from __future__ import annotations
@@ -310,26 +312,36 @@ def _report(path: Path, data: dict, processes, stop) -> int:
     """The throughput line (or why there is none) and the exit code: 0 where every instance
     exited 0, 128 + the signal where one stopped them all, else 1."""
     print(f"throughput record: {path}", flush=True)
-    if data["status"] == "completed":
-        try:
-            one = throughput.score(path, data)
-        except UserError as error:
-            print(f"no throughput score: {error}", flush=True)
-        else:
-            print(one.summary(), flush=True)
+    _say_score(path, data)
     if stop.received is not None:
         return 128 + stop.received
     return 0 if processes and all(p.returncode == 0 for p in processes) else 1
+
+
+def _say_score(path: Path, data: dict) -> None:
+    """The completed throughput record's score in one line (an ensemble's: its quality and
+    Valid FLOPS), or why it has none."""
+    if data["status"] != "completed":
+        return
+    try:
+        one = throughput.score(path, data)
+    except UserError as error:
+        print(f"no throughput score: {error}", flush=True)
+    else:
+        print(one.summary(), flush=True)
 
 
 def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
     """This task's instance under srun: its `train` with its group's step variables; its
     chief then leaves the member note, and the last chief writes the throughput record."""
     parent = parent_directory(args.out, setup, group.instances)
-    seed = plans.seeds(setup.training.seed, group.instances)[group.instance]
+    seeds = ensemble.seeds(args, setup.training.seed, group.instances) or plans.seeds(
+        setup.training.seed, group.instances
+    )
+    seed = seeds[group.instance]
     out = parent / f"instance-{group.instance}"
     out.mkdir(exist_ok=True)
-    command = child_arguments(args, seed, 1, out)
+    command = child_arguments(args, seed, 1, out, group.instance)
     env = plans.apply_group(dict(os.environ), group)
     print(
         f"instance {group.instance} of {group.instances} on {', '.join(group.nodes)} "
@@ -345,18 +357,20 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
                 "stopped_by": by}  # fmt: skip
         note_path = parent / MEMBER_NOTE.format(index=group.instance)
         record_io.write_atomic(note_path, note, overwrite=True)
-        _assemble(parent, setup, group)
+        _assemble(parent, setup, group, args)
     return code
 
 
-def _assemble(parent: Path, setup, group: plans.SlurmGroup) -> None:
-    """The throughput record, once every instance's member note is there (the last chief
-    to end writes it; one that finds it written leaves it)."""
+def _assemble(parent: Path, setup, group: plans.SlurmGroup, args) -> None:
+    """The throughput record (an ensemble's where `args` say so), once every instance's
+    member note is there (the last chief to end writes it and says its score; one that
+    finds it written leaves it)."""
     notes = [parent / MEMBER_NOTE.format(index=i) for i in range(group.instances)]
     if not all(p.exists() for p in notes):
         return
     members = [record_io.parse_json(p.read_text(), p, "member note") for p in notes]
     data = _record(setup, group.instances, group.tasks_per_instance, members, "slurm", None)
+    ensemble.mark(data, args)
     stopped = [m for m in members if m.get("stopped_by")]
     if stopped:  # a scancel (or srun's stop) reached these instances: one stop, not scored
         data["status"] = "stopped"
@@ -370,8 +384,8 @@ def _assemble(parent: Path, setup, group: plans.SlurmGroup) -> None:
     data["energy"], more = window_energy.members_energy(seen, start, stop)
     data["warnings"] += more
     try:
-        record_io.write_atomic(parent / throughput.FILE, data)
+        path = record_io.write_atomic(parent / throughput.FILE, data)
     except UserError:
-        pass  # another instance's chief wrote it as this one ended
-    else:
-        print(f"throughput record: {parent / throughput.FILE}", flush=True)
+        return  # another instance's chief wrote it as this one ended
+    print(f"throughput record: {path}", flush=True)
+    _say_score(path, data)

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from hpcai500_tf import config
-from hpcai500_tf.data import bootstrap, imagenet, listing, procedural
+from hpcai500_tf.data import bootstrap, bootstrap_records, imagenet, listing, procedural
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models import resnet
 from hpcai500_tf.models.kernels import resolve
@@ -62,10 +62,27 @@ class ImageClassification:
             self._verify_data()
         # An ensemble member: its bootstrap sample of the training split, and the evaluation
         # probabilities it keeps (run/predictions.py saves them); None for any other run.
-        self.sample = bootstrap.member_sample(
-            self.content_seed, self.data.bootstrap_member, self.train_examples, self.facts
+        self.sample, self.predictions = self._bootstrap_sample(), None
+
+    def _bootstrap_sample(self):
+        """An ensemble member's draw (None for any other run); for TFRecords also each
+        example's count (data/bootstrap_records.py)."""
+        member, index = self.data.bootstrap_member, None
+        if member >= 0 and self.data.source == "imagenet":
+            counted = self.facts["train_examples"]
+            if self.train_examples != counted:
+                raise UserError(
+                    f"data.train_examples = {self.train_examples:,}, but a bootstrap sample "
+                    f"(data.bootstrap_member) draws from all {counted:,} records of the train "
+                    f"shards: set it to 0 or {counted}"
+                )
+            index = bootstrap_records.INDEX_METHOD
+        sample = bootstrap.member_sample(
+            self.content_seed, member, self.train_examples, self.facts, index
         )
-        self.predictions = None
+        if index:
+            self._draw_counts = bootstrap_records.draw_counts(sample, self.train_examples)
+        return sample
 
     def _verify_data(self) -> None:
         """Count and fingerprint both splits and sample their labels; compare them with the
@@ -74,6 +91,7 @@ class ImageClassification:
         d = self.data
         reference = config.resolve_preset(config.load_benchmark(self.name), "reference")["data"]
         splits = {split: imagenet.split_facts(self.data_dir, split) for split in SPLITS}
+        self._first_indices = bootstrap_records.first_indices(splits["train"].shard_records)
         for split, facts in splits.items():
             if facts.records == 0:
                 raise UserError(f"{self.data_dir}: the {split} shards hold no records")
@@ -171,13 +189,16 @@ class ImageClassification:
         key = (training, seed if not training else None, tuple(shard))
         if key in self._cached:
             return self._cached[key]
+        sampled = training and self.sample is not None  # each record as often as drawn
         records = self._cached.get((training, tuple(shard)))
         if records is None:
             records = imagenet.imagenet_records(
-                self.data_dir, training, seed, shard, cache=d.cache, cache_dir=d.cache_dir
-            )
+                self.data_dir, training, seed, shard, d.cache, d.cache_dir,
+                first_indices=self._first_indices if sampled else None,
+            )  # fmt: skip
+        drawn = bootstrap_records.expanded(records, self._draw_counts) if sampled else records
         dataset = imagenet.decoded(
-            records, training, d.image_size, d.label_offset, seed, d.shuffle_buffer
+            drawn, training, d.image_size, d.label_offset, seed, d.shuffle_buffer
         )
         if d.cache:
             self._cached[(training, tuple(shard))] = records
