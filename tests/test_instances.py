@@ -328,7 +328,7 @@ def test_the_window_energy_is_the_machine_sampled_once_over_the_window(tmp_path)
     MLPerf logs give: each source once, never once per instance."""
     from hpcai500_tf.energy.sampler import PowerSampler
     from hpcai500_tf.energy.sources import Source
-    from hpcai500_tf.run import instance_launch
+    from hpcai500_tf.run import window_energy
 
     node = Source("meter", "whole node", "power", "a fake node meter", read_value=lambda: 250.0)
     sampler = PowerSampler([node], hz=200).start()
@@ -348,10 +348,9 @@ def test_the_window_energy_is_the_machine_sampled_once_over_the_window(tmp_path)
         (run_dir / "mlperf.log").write_text("".join(f":::MLLOG {json.dumps(x)}\n" for x in lines))
         members.append({"index": index, "seed": index, "run_dir": f"instance-{index}/run",
                         "exit_code": 0, "ended": "exited 0", "hosts": ["here"]})  # fmt: skip
-    data = {"members": members, "window": {}}
-    energy, _ = instance_launch._window_energy(tmp_path, data, sampler, [], 200)
-    assert data["window"]["start"] == pytest.approx(began, abs=1e-3)
-    assert data["window"]["stop"] == pytest.approx(ended, abs=1e-3)
+    (start, stop), energy, _ = window_energy.sampled(tmp_path, members, sampler, [], 200)
+    assert start == pytest.approx(began, abs=1e-3)
+    assert stop == pytest.approx(ended, abs=1e-3)
     assert energy["measured"] and energy["average_watts"] == pytest.approx(250.0)
     assert energy["joules"] == pytest.approx(250.0 * (ended - began), rel=0.05)
 

@@ -2,6 +2,7 @@
 records (run/window_energy.py, simulated sensors through the project's sampler) and a stop
 that reaches every task of the step (run/slurm_task.py, a plain child in place of `train`)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -105,6 +106,87 @@ def test_a_member_lacking_its_other_workers_energy_gives_no_per_watt_figure():
     assert summed["measured"]
     watts, said = scoring.scored_power(summed)
     assert watts is None and "worker 1: energy not gathered" in said
+
+
+# ----------------------------------------------------------------------------- each node
+
+
+def _member_dirs(parent: Path, windows: list[tuple[float, float]]) -> list[Path]:
+    """Instance i on node(9 + i): its MLPerf log's run_start and run_stop, and its note."""
+    notes = []
+    for index, (start, stop) in enumerate(windows):
+        run_dir = parent / f"instance-{index}" / "run"
+        run_dir.mkdir(parents=True)
+        lines = [
+            {"key": "run_start", "time_ms": start * 1000, "metadata": {}},
+            {"key": "run_stop", "time_ms": stop * 1000, "metadata": {"status": "success"}},
+        ]
+        (run_dir / "mlperf.log").write_text("".join(f":::MLLOG {json.dumps(x)}\n" for x in lines))
+        note = {"index": index, "seed": index, "run_dir": f"instance-{index}/run",
+                "exit_code": 0, "ended": "exited 0", "hosts": [f"node{9 + index}"]}  # fmt: skip
+        notes.append(parent / f"member-{index}.json")
+        notes[-1].write_text(json.dumps(note))
+    return notes
+
+
+def _node_sampling(watts: float):
+    """A node's sampler as its first task starts it: a package at `watts`, on the real clock."""
+    source = Source("rapl:package-0", "CPU package", "power", "a simulated package",
+                    read_value=lambda: watts)  # fmt: skip
+    return power.PowerSampler([source], hz=200).start(), []
+
+
+def test_each_node_is_sampled_over_the_whole_window_though_its_instance_ended_first(
+    tmp_path, monkeypatch
+):
+    """Instance 0 (node9, 100 W) ends after a third of the window, instance 1 (node10,
+    60 W) trains it all: node9's block still covers the whole window, and the window's
+    energy is both nodes' over it, each once."""
+    began = time.time()
+    samplings = {9: _node_sampling(100.0), 10: _node_sampling(60.0)}
+    time.sleep(0.6)
+    ended = time.time()
+    notes = _member_dirs(tmp_path, [(began, began + 0.2), (began, ended)])
+    for node, sampling in samplings.items():
+        monkeypatch.setenv("SLURMD_NODENAME", f"node{node}")
+        window_energy.write_node(tmp_path, sampling, notes, 0.2, 200)
+    energy, warnings = window_energy.nodes_energy(tmp_path, ["node9", "node10"], began, ended)
+    assert energy["measured"] and energy["method"] == window_energy.NODE_METHOD
+    assert energy["joules"] == pytest.approx(160.0 * (ended - began), rel=0.05)
+    assert energy["average_watts"] == pytest.approx(160.0, rel=1e-3)
+    assert energy["coverage"] > 0.95 and not warnings
+    assert "node node9" in energy["scope"] and "node node10" in energy["scope"]
+
+
+def test_a_node_that_wrote_no_window_leaves_the_members_records_to_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(window_energy, "NODES_WAIT_S", 0.2)
+    began = time.time()
+    sampling = _node_sampling(100.0)
+    time.sleep(0.2)
+    ended = time.time()
+    notes = _member_dirs(tmp_path, [(began, ended), (began, ended)])
+    monkeypatch.setenv("SLURMD_NODENAME", "node9")
+    window_energy.write_node(tmp_path, sampling, notes, 0.2, 200)
+    energy, said = window_energy.nodes_energy(tmp_path, ["node9", "node10"], began, ended)
+    assert energy is None and said == [
+        "node node10 wrote no energy over the window: the members' own used"
+    ]
+
+
+def test_a_node_waits_for_a_lost_instance_only_so_long(tmp_path, monkeypatch):
+    """Instance 1's task was lost (no note ever comes): node9 stops waiting and says so."""
+    monkeypatch.setattr(window_energy, "NODE_WAIT_MIN_S", 0.3)
+    began = time.time()
+    sampling = _node_sampling(100.0)
+    time.sleep(0.2)
+    notes = _member_dirs(tmp_path, [(began, time.time())])
+    monkeypatch.setenv("SLURMD_NODENAME", "node9")
+    waited = time.monotonic()
+    window_energy.write_node(tmp_path, sampling, [*notes, tmp_path / "member-1.json"], 0.1, 200)
+    assert time.monotonic() - waited < 5
+    node = json.loads((tmp_path / "node-energy-node9.json").read_text())
+    assert node["energy"]["measured"]
+    assert "sampled until 1 of 2 instances had ended" in node["energy"]["notes"][-1]
 
 
 # ----------------------------------------------------------------------------- a stop

@@ -136,17 +136,6 @@ class _Stop:
                 process.send_signal(FORWARDED[signum])
 
 
-def start_sampling(hz: float):
-    """The machine's power sources sampled at `hz` (0: off), and notes on what is missing."""
-    from hpcai500_tf.energy.sampler import PowerSampler
-    from hpcai500_tf.energy.sources import discover
-
-    if hz == 0:
-        return None, ["power sampling was switched off (--power-hz 0)"]
-    sources, notes = discover()
-    return PowerSampler(sources, hz).start(), notes
-
-
 def run_local(args, setup, plan: plans.LocalPlan) -> int:
     parent = parent_directory(args.out, setup, plan.instances)
     seeds = ensemble.seeds(args, setup.training.seed, plan.instances) or plans.seeds(
@@ -155,7 +144,7 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
     processes: list[subprocess.Popen] = []
     stop = _Stop(processes)
     previous = {signum: signal.signal(signum, stop) for signum in FORWARDED}
-    sampler, notes = start_sampling(args.power_hz)
+    sampler, notes = window_energy.start_sampling(args.power_hz)
     logs = []
     try:
         print(
@@ -200,7 +189,10 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
         raise UserError(refused)
     data = _record(setup, plan.instances, plan.workers_per_instance, members, "local", stop)
     ensemble.mark(data, args)
-    data["energy"], more = _window_energy(parent, data, sampler, notes, args.power_hz)
+    window, data["energy"], more = window_energy.sampled(
+        parent, data["members"], sampler, notes, args.power_hz
+    )
+    data["window"] = dict(zip(("start", "stop"), window, strict=True))
     data["warnings"] += more
     path = record_io.write_atomic(parent / throughput.FILE, data)
     return _report(path, data, processes, stop)
@@ -291,23 +283,6 @@ def _record(setup, instances: int, per_instance: int, members: list[dict], place
     }
 
 
-def _window_energy(parent: Path, data: dict, sampler, notes: list[str], hz: float):
-    """The window from the members' MLPerf logs (set in `data`), and the machine's energy
-    over it, every source counted once."""
-    from hpcai500_tf.energy.sampler import energy_block
-
-    seen = [throughput.read_member(parent, m) for m in data["members"]]
-    start, stop = throughput.member_window(seen)
-    data["window"] = {"start": start, "stop": stop}
-    if start is None or stop is None or not stop > start:
-        return record_io.energy_not_measured("no window: no instance ran"), []
-    if sampler is None or not sampler.sources:
-        why = "; ".join(notes) or "no power source here"
-        return record_io.energy_not_measured(why, interval_s=stop - start), []
-    measurements = sampler.measure([(start, stop)])
-    return energy_block(measurements, notes, stop - start, hz)
-
-
 def _report(path: Path, data: dict, processes, stop) -> int:
     """The throughput line (or why there is none) and the exit code: 0 where every instance
     exited 0, 128 + the signal where one stopped them all, else 1."""
@@ -348,7 +323,10 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
         f"(task {group.index_in_group} of {group.tasks_per_instance}; seed {seed})",
         flush=True,
     )
+    sampling = window_energy.node_sampling(args.power_hz)  # this node's, over the window
+    started = time.monotonic()
     code, stopped_by = slurm_task.run_instance(command, env)  # a scancel leaves the task here
+    ran_s = time.monotonic() - started
     if group.chief:
         by = None if stopped_by is None else signal.Signals(stopped_by).name
         ended = ended_words(code) if by is None else f"stopped by {by}: {ended_words(code)}"
@@ -357,6 +335,10 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
                 "stopped_by": by}  # fmt: skip
         note_path = parent / MEMBER_NOTE.format(index=group.instance)
         record_io.write_atomic(note_path, note, overwrite=True)
+    if sampling is not None:
+        notes = [parent / MEMBER_NOTE.format(index=i) for i in range(group.instances)]
+        window_energy.write_node(parent, sampling, notes, ran_s, args.power_hz)
+    if group.chief:
         _assemble(parent, setup, group, args)
     return code
 
@@ -381,7 +363,14 @@ def _assemble(parent: Path, setup, group: plans.SlurmGroup, args) -> None:
     seen = [throughput.read_member(parent, m) for m in members]
     start, stop = throughput.member_window(seen)
     data["window"] = {"start": start, "stop": stop}
-    data["energy"], more = window_energy.members_energy(seen, start, stop)
+    hosts = [host for member in members for host in member["hosts"]]
+    energy, more = (None, [])
+    if args.power_hz:  # each node's own block over the window, else the members' records
+        energy, more = window_energy.nodes_energy(parent, hosts, start, stop)
+    if energy is None:
+        energy, fallback = window_energy.members_energy(seen, start, stop)
+        more += fallback
+    data["energy"] = energy
     data["warnings"] += more
     try:
         path = record_io.write_atomic(parent / throughput.FILE, data)

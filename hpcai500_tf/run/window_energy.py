@@ -10,18 +10,43 @@ members. A member's readings cover its own timed run only: where that is shorter
 window, its coverage of the window says so and a note names the instance and the seconds its
 nodes were not measured (nothing is made up for them). A member with no record or no energy
 measured leaves the machine's energy not measured, naming it.
+
+Where power is sampled (`--power-hz` above 0), each node is also sampled over the whole
+window by its first task (SLURM_LOCALID 0), from before its instance starts until every
+instance's member note is there (`node_sampling`, `write_node`): a node whose instance ended
+first, or started last, is so measured over the window, as the local form's machine is. Each
+writes PARENT/node-energy-HOST.json, its block over the window, and the chief that assembles
+the throughput record adds them (`nodes_energy`), every node once; where one is missing it
+falls back to the members' records above, saying so. A node waits for the others' notes at
+most as long again as its own instance's timed run (at least NODE_WAIT_MIN_S), so that an
+instance whose task was lost cannot keep the step's other tasks alive: past that, its block
+ends where it stopped and the window's coverage says so.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from pathlib import Path
+
 from hpcai500_tf import record as record_io
 from hpcai500_tf.energy import sampler as power
+from hpcai500_tf.run import throughput
 
 METHOD = (
     "the instances' own records (each instance's nodes by the rules of one run), added over "
     "instances that share no node; each instance's readings cover its own timed run"
 )
 FULL_COVER = 0.999  # of the window: an instance's timed run shorter than this is named
+NODE_METHOD = (
+    "each node sampled over the window by its first task (its sources as one run's), "
+    "added over the nodes"
+)
+NODE_FILE = "node-energy-{host}.json"
+NODE_WAIT_MIN_S = 60.0  # a node waits for the other instances at least this long
+NODES_WAIT_S = 30.0  # the assembling chief waits this long for the other nodes' files
+POLL_S = 0.2
 
 
 def members_energy(members: list[dict], start, stop) -> tuple[dict, list[str]]:
@@ -46,7 +71,7 @@ def members_energy(members: list[dict], start, stop) -> tuple[dict, list[str]]:
             block, _ = power.energy_block(
                 sources, list(energy["notes"]), window_s, energy.get("requested_hz")
             )  # its own warnings are in its record already
-            blocks.append((member, where, energy["interval_s"], block))
+            blocks.append((f"instance {member['index']}", where, energy["interval_s"], block))
     if missing:
         why = "; ".join(missing) + ": the machine's energy over the window is not complete"
         return record_io.energy_not_measured(why, interval_s=window_s), []
@@ -67,29 +92,29 @@ def _shared_host(members: list[dict]) -> str | None:
     return None
 
 
-def _added(blocks: list[tuple], window_s: float) -> tuple[dict, list[str]]:
-    """The members' window blocks added: energy and average power summed over disjoint nodes;
-    coverage and reading rate the lowest; notes, parts and flags each named by instance."""
+def _added(blocks: list[tuple], window_s: float, method: str = METHOD) -> tuple[dict, list[str]]:
+    """Window blocks (label, where, its own seconds or None, block) added: energy and average
+    power summed over disjoint nodes; coverage and reading rate the lowest; notes, parts and
+    flags each named by its label."""
     notes, parts, lacking, flags, sources, scopes = [], [], [], [], [], []
-    for member, where, own_s, block in blocks:
-        index = member["index"]
+    for label, where, own_s, block in blocks:
         if own_s is not None and own_s < FULL_COVER * window_s:
             notes.append(
                 f"{where}: its readings cover its own timed run, {own_s:.3g} s of the "
                 f"{window_s:.3g} s window; its nodes' energy outside it is not measured"
             )
-        notes += [f"{note} (instance {index})" for note in block["notes"]]
-        parts += [f"instance {index}: {part}" for part in block["parts_measured"]]
+        notes += [f"{note} ({label})" for note in block["notes"]]
+        parts += [f"{label}: {part}" for part in block["parts_measured"]]
         # suffixed, not prefixed: scoring.workers_lacking_energy reads a note's start
-        lacking += [f"{part} (instance {index})" for part in block["parts_not_measured"]]
-        flags += [f"instance {index}: {flag}" for flag in block["quality_flags"]]
+        lacking += [f"{part} ({label})" for part in block["parts_not_measured"]]
+        flags += [f"{label}: {flag}" for flag in block["quality_flags"]]
         sources += block["sources"]
         scopes.append(f"{where}: {block['scope']}")
     rates = [b[3]["sample_hz"] for b in blocks]
     energy = {
         "interval_s": window_s,
         "requested_hz": next((b[3]["requested_hz"] for b in blocks if b[3]["requested_hz"]), None),
-        "method": METHOD,
+        "method": method,
         "sources": sources,
         "notes": notes,
         "measured": True,
@@ -104,3 +129,84 @@ def _added(blocks: list[tuple], window_s: float) -> tuple[dict, list[str]]:
         "quality_flags": flags,
     }
     return energy, list(flags)
+
+
+# ----------------------------------------------------------------------------- sampled
+
+
+def start_sampling(hz: float):
+    """This machine's power sources sampled at `hz` (0: off), and notes on what is missing."""
+    from hpcai500_tf.energy.sources import discover
+
+    if hz == 0:
+        return None, ["power sampling was switched off (--power-hz 0)"]
+    sources, notes = discover()
+    return power.PowerSampler(sources, hz).start(), notes
+
+
+def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: float):
+    """The window from the members' MLPerf logs, and the energy `sampler` (of this machine or
+    node, running since before the window) measured over it: ((start, stop), block, warnings)."""
+    seen = [throughput.read_member(parent, m) for m in members]
+    start, stop = throughput.member_window(seen)
+    if start is None or stop is None or not stop > start:
+        return (start, stop), record_io.energy_not_measured("no window: no instance ran"), []
+    if sampler is None or not sampler.sources:
+        why = "; ".join(notes) or "no power source here"
+        return (start, stop), record_io.energy_not_measured(why, interval_s=stop - start), []
+    block, warnings = power.energy_block(sampler.measure([(start, stop)]), notes, stop - start, hz)
+    return (start, stop), block, warnings
+
+
+def node_sampling(hz: float):
+    """(sampler, notes) of this node, started, on its first task under srun (SLURM_LOCALID 0)
+    where power is sampled; None on any other task."""
+    if not hz or os.environ.get("SLURM_LOCALID", "0") != "0":
+        return None
+    return start_sampling(hz)
+
+
+def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz: float) -> None:
+    """This node's block over the window, once every instance's note is there (or its wait
+    has ended, `NODE_WAIT_MIN_S`), for the assembling chief (`nodes_energy`)."""
+    sampler, notes = sampling
+    deadline = time.monotonic() + max(own_s, NODE_WAIT_MIN_S)
+    while not all(p.exists() for p in note_paths) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    sampler.stop()
+    present = [p for p in note_paths if p.exists()]
+    if len(present) < len(note_paths):
+        notes = [*notes, f"sampled until {len(present)} of {len(note_paths)} instances had "
+                 "ended (its wait for the others ran out)"]  # fmt: skip
+    members = [record_io.parse_json(p.read_text(), p, "member note") for p in present]
+    window, block, _ = sampled(parent, members, sampler, notes, hz)
+    host = node_name()
+    data = {"host": host, "window": list(window), "energy": block}
+    record_io.write_atomic(parent / NODE_FILE.format(host=host), data, overwrite=True)
+
+
+def node_name() -> str:
+    """This node as Slurm names it (the members' `hosts`), else its host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def nodes_energy(parent: Path, hosts: list[str], start, stop) -> tuple[dict | None, list[str]]:
+    """The window's energy from every node's own block (`write_node`), waiting up to
+    NODES_WAIT_S for them; (None, why) where one is missing or sampled another window."""
+    paths = {host: parent / NODE_FILE.format(host=host) for host in hosts}
+    deadline = time.monotonic() + NODES_WAIT_S
+    while not all(p.exists() for p in paths.values()) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    blocks = []
+    for host, path in paths.items():
+        if not path.exists():
+            return None, [f"node {host} wrote no energy over the window: the members' own used"]
+        node = record_io.parse_json(path.read_text(), path, "node energy")
+        if node["window"] != [start, stop]:
+            return None, [f"node {host} sampled another window: the members' own used"]
+        energy = node["energy"]
+        if not energy["measured"]:
+            why = f"node {host}: not measured ({energy['reason']})"
+            return record_io.energy_not_measured(why, interval_s=stop - start), []
+        blocks.append((host, f"node {host}", None, energy))
+    return _added(blocks, stop - start, NODE_METHOD)
