@@ -52,7 +52,7 @@ def check_arguments(args, backend) -> None:
     if not backend.saves_predictions:
         raise UserError(
             f"--ensemble is not built for --framework {backend.name}: its evaluation does not "
-            "save its probabilities (TensorFlow's does)"
+            "save its probabilities"
         )
     if workers.under_slurm():
         raise UserError("--ensemble under srun is not built: run its members on one machine")

@@ -2,7 +2,7 @@
 evaluations, for the ensemble's evaluation (run/ensemble.py) to average.
 
     RUN_DIR/predictions-eN.npz   after epoch N: `probabilities` (float32, examples x classes,
-                                 the model's softmax), `labels` (int, examples) and `epoch`,
+                                 the model's softmax), `labels` (int32, examples) and `epoch`,
                                  in evaluation-set order (the split is neither bootstrapped
                                  nor shuffled, so every member's rows are the same examples)
 
@@ -28,9 +28,9 @@ def path_of(run_dir: Path, epoch: int) -> Path:
 
 
 def keep(run, epoch: int) -> None:
-    """After evaluation `epoch` (counted from 1): the chief saves what its workload kept of
+    """After evaluation `epoch` (counted from 1): the chief saves what its trainer kept of
     it (`predictions`: an ensemble member's), nothing for any other run."""
-    kept = getattr(run.trainer.workload, "predictions", None)
+    kept = run.trainer.predictions
     if kept is None or not run.chief or run.run_dir is None:
         return
     save(run.run_dir.path, epoch, kept["probabilities"], kept["labels"])
@@ -42,12 +42,31 @@ def save(run_dir: Path, epoch: int, probabilities, labels) -> Path:
     try:
         with handle:
             np.savez(handle, probabilities=np.asarray(probabilities, np.float32),
-                     labels=np.asarray(labels), epoch=np.int64(epoch))  # fmt: skip
+                     labels=np.asarray(labels, np.int32), epoch=np.int64(epoch))  # fmt: skip
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
     return path
+
+
+def in_evaluation_order(parts: list[np.ndarray]) -> np.ndarray:
+    """The rows of every worker's shard of the evaluation split, by rank, as one array in
+    evaluation-set order: worker r of W read examples r, r + W, r + 2W, ... (tf.data's
+    `shard(W, r)`, as every workload's `dataset` shards), so example i is row i // W of
+    worker i % W's part. One worker's part is returned as it is."""
+    if len(parts) == 1:
+        return np.asarray(parts[0])
+    count = len(parts)
+    sizes = [len(part) for part in parts]
+    total = sum(sizes)
+    expected = [len(range(rank, total, count)) for rank in range(count)]
+    if sizes != expected:
+        raise ValueError(f"shards of {sizes} rows are not a {count}-way split of {total}")
+    ordered = np.empty((total, *np.shape(parts[0])[1:]), np.asarray(parts[0]).dtype)
+    for rank, part in enumerate(parts):
+        ordered[rank::count] = part
+    return ordered
 
 
 def load(run_dir: Path, epoch: int) -> tuple[np.ndarray, np.ndarray]:
