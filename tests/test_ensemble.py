@@ -110,6 +110,55 @@ def test_workers_shards_are_put_back_in_evaluation_order():
         predictions.in_evaluation_order([np.arange(2), np.arange(3), np.arange(3)])
 
 
+def test_tensorflows_gathered_steps_are_put_back_in_evaluation_order():
+    """A TensorFlow member on 2 workers, 5 examples in batches of 2: worker 0 read 0, 2, 4
+    and worker 1 read 1, 3; each step's gather holds worker 0's rows, then worker 1's."""
+    from hpcai500_tf.engine.loop import gathered_in_evaluation_order
+
+    steps = [[0, 2, 1, 3], [4]]  # the examples of each gathered step
+    workers = [[0, 0, 1, 1], [0]]
+    batches = [
+        {"labels": np.array(s), "probabilities": np.array(s)[:, None] / 10, "worker": np.array(w)}
+        for s, w in zip(steps, workers, strict=True)
+    ]
+    ordered = gathered_in_evaluation_order(batches, 2)
+    assert sorted(ordered) == ["labels", "probabilities"]
+    assert ordered["labels"].tolist() == [0, 1, 2, 3, 4]
+    assert ordered["probabilities"][:, 0].tolist() == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+
+
+MIRRORED_PROBE = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def dataset(context):
+    shard = (context.num_input_pipelines, context.input_pipeline_id)
+    return tf.data.Dataset.range(11).shard(*shard).batch(context.get_per_replica_batch_size(4))
+@tf.function
+def step(x):
+    def replica(x):
+        return x, tf.fill(tf.shape(x), tf.distribute.get_replica_context().replica_id_in_sync_group)
+    return [strategy.gather(v, axis=0) for v in strategy.run(replica, (x,))]
+steps = [step(x) for x in strategy.distribute_datasets_from_function(dataset)]
+print([[v.numpy().tolist() for v in s] for s in steps])
+"""
+
+
+def test_one_workers_replicas_take_its_pipelines_batches_in_turn():
+    """What the TensorFlow engine's reordering rests on (gathered_in_evaluation_order): a
+    worker's replicas (here 2 logical CPUs) take its input pipeline's batches in turn, and
+    the gather keeps replica order, so a worker's rows as gathered are its shard in order."""
+    done = subprocess.run(
+        [sys.executable, "-c", MIRRORED_PROBE], env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [rows for rows, _ in steps] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert [replicas for _, replicas in steps] == [[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1]]
+
+
 # ----------------------------------------------------------------------------- PyTorch members
 
 
@@ -207,22 +256,26 @@ def test_a_pytorch_members_predictions_are_tensorflows_file_over_the_evaluation_
     assert ensemble.evaluate(tmp_path / "throughput.json", [member])[0] == quality
 
 
-@pytest.mark.slow  # two PyTorch workers and their data processes: 30-40 s on 2 busy cores
-def test_a_pytorch_member_on_two_workers_saves_the_whole_evaluation_set_in_order(
-    tmp_path, torch_installed
+@pytest.mark.slow  # two workers (PyTorch's with their data processes): 30-70 s on 2 busy cores
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_a_member_on_two_workers_saves_the_whole_evaluation_set_in_order(
+    tmp_path, request, framework
 ):
-    """51 evaluation examples on 2 workers (26 and 25): the chief's file holds all 51, in
-    the split's order, and gives the record's quality (the fast path: the gather probe of
-    tests/test_pytorch_distributed.py)."""
+    """51 evaluation examples on 2 workers (26 and 25, in batches of 16): the chief's file
+    holds all 51 in the split's order (TensorFlow's gather gives each step's rows worker by
+    worker: engine/loop.py puts them back) and gives the record's quality. The fast paths:
+    the order tests above and tests/test_pytorch_distributed.py's gather probe."""
     from hpcai500_tf.workloads.image_classification import ImageClassification
 
+    if framework == "pytorch":
+        request.getfixturevalue("torch_installed")
     settings = ["data.train_examples=64", "data.eval_examples=51", "training.epochs=1",
                 "training.batch_per_replica=16"]  # fmt: skip
     extra = [f"--set={s}" for s in [*settings, "data.bootstrap_member=0"]]
-    _train(tmp_path, "--framework", "pytorch", "--workers", "2", *extra)
+    _train(tmp_path, "--framework", framework, "--workers", "2", *extra)
     (run_dir,) = (path.parent for path in tmp_path.glob("*/record.json"))
     rec = record.load(run_dir / "record.json")
-    assert rec["layers"]["L3"]["workers"] == 2
+    assert rec["layers"]["L6"]["workers"] == 2
     probabilities, labels = predictions.load(run_dir, 1)
     workload = ImageClassification(config.prepare("image_classification", "tiny", settings).config,
                                    None)  # fmt: skip
