@@ -15,7 +15,9 @@ What is shared with the TensorFlow side, so that only the framework differs:
   workload names (its `objective`, cross-entropy with label smoothing, and top-1 accuracy),
   SGD with momentum and coupled weight decay, the schedule (run/schedule.py);
 - time accounting (initialisation, tracing and a warm-up step whose effect is undone come
-  before run_start), power sampling, the record schema and the MLPerf log.
+  before run_start), power sampling, the record schema and the MLPerf log;
+- an ensemble member's bootstrap sample (the feeder builds the member's workload from its
+  config) and its evaluation probabilities, saved in the same file (run/predictions.py).
 
 What differs: the framework and its kernels. FLOPs are counted with
 torch.utils.flop_counter.FlopCounterMode over one train step (forward and backward) at the

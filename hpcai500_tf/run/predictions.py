@@ -6,8 +6,9 @@ evaluations, for the ensemble's evaluation (run/ensemble.py) to average.
                                  in evaluation-set order (the split is neither bootstrapped
                                  nor shuffled, so every member's rows are the same examples)
 
-Written by the chief, atomically (a stop mid-write leaves the previous file whole). Pure
-numpy: no framework is imported here.
+Written by the chief, atomically (a stop mid-write leaves the previous file whole); on
+several workers each framework first puts every worker's rows back in evaluation-set order
+(`in_evaluation_order`). Pure numpy: no framework is imported here.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def save(run_dir: Path, epoch: int, probabilities, labels) -> Path:
 def in_evaluation_order(parts: list[np.ndarray]) -> np.ndarray:
     """The rows of every worker's shard of the evaluation split, by rank, as one array in
     evaluation-set order: worker r of W read examples r, r + W, r + 2W, ... (tf.data's
-    `shard(W, r)`, as every workload's `dataset` shards), so example i is row i // W of
-    worker i % W's part. One worker's part is returned as it is."""
+    `shard(W, r)`, as the procedural data shards: the only source an ensemble reads), so
+    example i is row i // W of worker i % W's part. One worker's part is returned as is."""
     if len(parts) == 1:
         return np.asarray(parts[0])
     count = len(parts)
