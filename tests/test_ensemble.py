@@ -1,6 +1,7 @@
 """`train BENCHMARK --instances M --ensemble` (run/ensemble.py): each member on its own
 bootstrap sample (data/bootstrap.py), its evaluation probabilities saved (run/predictions.py),
-the ensemble's quality, window and Valid FLOPS recomputed here from the members' files, and
+in evaluation-set order on any number of workers, the ensemble's quality, window and Valid
+FLOPS recomputed here from the members' files, for TensorFlow and PyTorch members alike, and
 what `--ensemble` cannot go with refused in one line before any training."""
 
 import json
