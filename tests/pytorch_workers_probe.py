@@ -1,11 +1,12 @@
 """One worker of tests/test_pytorch_distributed.py's gloo runs on the CPU; prints one JSON line.
 
     RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=P \\
-        python tests/pytorch_workers_probe.py step|lose|alone
+        python tests/pytorch_workers_probe.py step|lose|alone|gather
 
 step: one DDP step of a tiny model on data of its own rank, then the collectives; lose: rank 1
 leaves after joining and rank 0 says what its next collective raised; alone: rank 0 waits for
-a rank 1 that never comes. torch only: this process never loads TensorFlow.
+a rank 1 that never comes; gather: each rank's shard of an
+evaluation split, gathered into evaluation order. torch only: this process never loads TensorFlow.
 """
 
 import copy
@@ -100,10 +101,32 @@ def alone(torch, workers) -> dict:
     return {"user_error": None}
 
 
+def gather(torch, workers) -> dict:
+    """Each rank's shard of an evaluation split of 51 examples, as `shard(2, rank)` reads
+    it (examples rank, rank + 2, ...; 26 and 25 rows), each row [example, example / 10]:
+    gathered and put in evaluation order, as an ensemble member's probabilities are."""
+    from hpcai500_tf.run import predictions
+
+    distributed.init_process_group(torch, workers, torch.device("cpu"), TIMEOUT_S)
+    mine = torch.arange(workers.rank, 51, workers.world_size, dtype=torch.float32)
+    rows = torch.stack([mine, mine / 10], dim=1)
+    parts = distributed.all_gather_tensors(torch, workers, rows)
+    ordered = predictions.in_evaluation_order([part.numpy() for part in parts])
+    labels = distributed.all_gather_tensors(torch, workers, mine.to(torch.int64))
+    distributed.shutdown(torch)
+    return {
+        "sizes": [len(part) for part in parts],
+        "ordered": ordered.tolist(),
+        "labels": predictions.in_evaluation_order([part.numpy() for part in labels]).tolist(),
+        "label_dtype": str(labels[0].dtype),
+    }
+
+
 def main() -> None:
     torch = import_torch()
     workers = distributed.workers_from_environment()
-    result = {"step": step, "lose": lose, "alone": alone}[sys.argv[1]](torch, workers)
+    modes = {"step": step, "lose": lose, "alone": alone, "gather": gather}
+    result = modes[sys.argv[1]](torch, workers)
     result["tensorflow_loaded"] = "tensorflow" in sys.modules
     print(json.dumps(result), flush=True)
     sys.stderr.flush()

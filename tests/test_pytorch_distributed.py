@@ -1,7 +1,8 @@
 """Several PyTorch workers (hpcai500_tf/pytorch/distributed.py): who they are from torchrun's,
 the launcher's or Slurm's environment, malformed values refused in one line naming the
 variable; two real gloo workers on the CPU whose DistributedDataParallel step averages the
-gradients; and each worker's feeder reading its own shard of the data."""
+gradients, and their uneven evaluation shards gathered into evaluation order (an ensemble
+member's probabilities); and each worker's feeder reading its own shard of the data."""
 
 import concurrent.futures
 import hashlib
@@ -216,6 +217,16 @@ def test_a_worker_alone_is_told_in_one_line_whom_it_could_not_reach(torch_instal
     message = alone["user_error"]
     assert message.startswith("worker 0 could not reach the others at 127.0.0.1:"), message
     assert "within 2s: " in message and len(message.splitlines()) == 1
+
+
+def test_uneven_shards_are_gathered_into_evaluation_order(torch_installed):
+    """An ensemble member's evaluation on two workers (pytorch/train.py `_gathered`): 26
+    and 25 rows, padded for the all-gather and cut back, interleaved into examples 0..50."""
+    first, second = run_workers("gather")
+    assert first == second
+    assert first["sizes"] == [26, 25]
+    assert first["ordered"] == [[float(i), pytest.approx(i / 10)] for i in range(51)]
+    assert first["labels"] == list(range(51)) and first["label_dtype"] == "torch.int64"
 
 
 # ------------------------------------------------------------------------ the feeder's shards

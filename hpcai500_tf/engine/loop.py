@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import keras
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config  # disable_op_determinism
 
@@ -22,9 +23,24 @@ from hpcai500_tf.engine import optimizers
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
-from hpcai500_tf.run import stop
+from hpcai500_tf.run import predictions, stop
 from hpcai500_tf.run.trainer import checkpoint_damaged, checkpoint_unrestorable, full_batch_steps
 from hpcai500_tf.workloads.interface import Workload
+
+
+def gathered_in_evaluation_order(batches: list[dict], workers: int) -> dict:
+    """An ensemble member's gathered evaluation batches as one batch in evaluation-set
+    order. Each step's gathered rows are its replicas' batches in replica order, a worker's
+    replicas together and taking its input pipeline's batches in turn, so a worker's rows, in
+    the order gathered, are its shard of the split in order (`worker` says whose each row
+    is); the shards are then interleaved back (run/predictions.py)."""
+    worker = np.concatenate([batch["worker"] for batch in batches])
+    keys = [key for key in batches[0] if key != "worker"]
+    merged = {key: np.concatenate([batch[key] for batch in batches]) for key in keys}
+    return {
+        key: predictions.in_evaluation_order([rows[worker == w] for w in range(workers)])
+        for key, rows in merged.items()
+    }
 
 
 def precision_policy(precision: str) -> str:
@@ -154,10 +170,19 @@ class Engine:
         return loss
 
     def _eval_step(self, images, labels):
-        """The workload's per-example evaluation outputs, gathered from every replica."""
+        """The workload's per-example evaluation outputs, gathered from every replica (by
+        replica, a worker's replicas together); an ensemble member's also say the worker
+        whose input pipeline each example came from (`worker`)."""
+        keeps = getattr(self.workload, "keeps_predictions", False)
+        local_replicas = self.local_batch // self.training.batch_per_replica
 
         def replica(images, labels):
-            return self.workload.eval_outputs(self.model, images, labels)
+            outputs = self.workload.eval_outputs(self.model, images, labels)
+            if keeps:
+                replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+                worker = tf.cast(replica_id, tf.int32) // local_replicas
+                outputs["worker"] = tf.fill(tf.shape(labels), worker)
+            return outputs
 
         outputs = self.strategy.run(replica, (images, labels))
         return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
@@ -278,6 +303,8 @@ class Engine:
         ]
         if not batches:
             raise UserError("the evaluation split produced no examples")
+        if getattr(self.workload, "keeps_predictions", False):
+            batches = [gathered_in_evaluation_order(batches, self.workers)]
         return self.workload.quality(batches)
 
     # ------------------------------------------------------------------ checkpoints

@@ -276,6 +276,21 @@ def all_gather_rows(torch, workers: Workers, row: list[float]) -> list[list[floa
     return [part.cpu().tolist() for part in _all_gather(torch, workers, tensor)]
 
 
+def all_gather_tensors(torch, workers: Workers, tensor) -> list:
+    """Every worker's `tensor`, by rank, on the CPU: the same dtype and trailing shape on
+    every worker, the first dimension its own (each is padded to the longest for the
+    all-gather, then cut back)."""
+    if not workers.several:
+        return [tensor.cpu()]
+    sizes = [int(row[0]) for row in all_gather_rows(torch, workers, [len(tensor)])]
+    padded = torch.zeros(
+        (max(sizes), *tensor.shape[1:]), dtype=tensor.dtype, device=_collective_device(torch)
+    )
+    padded[: len(tensor)] = tensor
+    parts = _all_gather(torch, workers, padded)
+    return [part[:size].cpu() for part, size in zip(parts, sizes, strict=True)]
+
+
 def same_on_all_workers(torch, workers: Workers, text: str) -> bool:
     """Whether every worker passed the same `text` (a config's fingerprint, say), by its
     SHA-256; every worker gets the same answer."""

@@ -63,6 +63,9 @@ class WorkloadFacts:
     dataset: str  # L9's dataset name
     problem: dict  # L9's facts verified from the data (counts, fingerprints)
     data_warnings: tuple = ()  # the workload's, for the feeders' shard count (workers)
+    # An ensemble member's: its evaluation keeps its probabilities, in evaluation order (the
+    # feeder reads the split in order for it, as the TensorFlow engine does)
+    keeps_predictions: bool = False
     # L7's kernels: the runner's model is plain torch.nn layers (pytorch/resnet.py), the
     # counterpart of TensorFlow's "stock"; none of TensorFlow's CPU workarounds runs there.
     kernels = "stock"
@@ -296,6 +299,7 @@ def _facts(workload, shard) -> dict:
         "dataset": workload.dataset_name(),
         "problem": workload.problem_layer(),
         "data_warnings": tuple(workload.data_warnings(shard[0])),
+        "keeps_predictions": getattr(workload, "keeps_predictions", False),
     }
 
 
@@ -316,6 +320,8 @@ def _iterator(tf, workload, shard, batch, deterministic, training, seed, skip=0)
         dataset = dataset.repeat()
     options = tf.data.Options()
     options.deterministic = deterministic
+    if not training and getattr(workload, "keeps_predictions", False):
+        options.deterministic = True  # an ensemble member's rows: evaluation order
     dataset = dataset.with_options(options)
     dataset = dataset.batch(batch, drop_remainder=training)
     if skip:  # a resumed epoch's batches trained before the stop

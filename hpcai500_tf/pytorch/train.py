@@ -15,7 +15,9 @@ What is shared with the TensorFlow side, so that only the framework differs:
   workload names (its `objective`, cross-entropy with label smoothing, and top-1 accuracy),
   SGD with momentum and coupled weight decay, the schedule (run/schedule.py);
 - time accounting (initialisation, tracing and a warm-up step whose effect is undone come
-  before run_start), power sampling, the record schema and the MLPerf log.
+  before run_start), power sampling, the record schema and the MLPerf log;
+- an ensemble member's bootstrap sample (the feeder builds the member's workload from its
+  config) and its evaluation probabilities, saved in the same file (run/predictions.py).
 
 What differs: the framework and its kernels. FLOPs are counted with
 torch.utils.flop_counter.FlopCounterMode over one train step (forward and backward) at the
@@ -46,7 +48,7 @@ from hpcai500_tf.pytorch.build import (
     nvidia_gpus_present,
 )
 from hpcai500_tf.pytorch.feeder import Feeder, FeederDataError, FeederError
-from hpcai500_tf.run import stop
+from hpcai500_tf.run import predictions, stop
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
 from hpcai500_tf.run.progress import fingerprint
@@ -100,6 +102,13 @@ def refuse_other_forms(setup, on_cuda: bool) -> None:
             "the PyTorch runner scales float16 losses dynamically only "
             f"(optimizer.loss_scaling = 'dynamic', not '{o.loss_scaling}')"
         )
+
+
+def probabilities(torch, logits):
+    """The class probabilities of a batch's logits as the TensorFlow workload saves them: the
+    softmax of the logits cast to float32, computed in float32 whatever the autocast."""
+    with torch.autocast(logits.device.type, enabled=False):
+        return torch.softmax(logits.float(), dim=1)
 
 
 def initialise_logits(torch, fc, initializer: str) -> None:
@@ -250,6 +259,7 @@ class TorchTrainer(Trainer):
         )
         self.initial_loss_scale = 2.0**16 if self.scaler.is_enabled() else None
         self.step = 0
+        self._predictions = None  # an ensemble member's last evaluation's (`evaluate`)
         if self.mixed:
             check_mixed_precision(torch, self.device, self.precision)
 
@@ -339,19 +349,40 @@ class TorchTrainer(Trainer):
 
     def evaluate(self) -> float:
         """The workload's quality metric (top-1 accuracy) over the evaluation split: each
-        worker's part, summed over all."""
-        correct = count = 0
+        worker's part, summed over all. An ensemble member keeps its probabilities too
+        (`predictions`)."""
+        torch, correct, count = self.torch, 0, 0
+        kept = [] if self.workload.keeps_predictions else None
         self.model.eval()
-        with self.torch.no_grad(), self._autocast():
+        with torch.no_grad(), self._autocast():
             for images, labels in self._batches(False, self.setup.training.seed):
-                correct += self.correct(self.module(images), labels)
+                logits = self.module(images)
+                correct += self.correct(logits, labels)
                 count += len(labels)
+                if kept is not None:
+                    kept.append((probabilities(torch, logits), labels))
         if self.workers > 1:
-            rows = distributed.all_gather_rows(self.torch, self.placement, [correct, count])
+            rows = distributed.all_gather_rows(torch, self.placement, [correct, count])
             correct, count = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if count == 0:
             raise UserError("the evaluation split produced no examples")
+        if kept is not None:
+            self._predictions = self._gathered(kept)
         return correct / count
+
+    def _gathered(self, kept: list) -> dict:
+        """This worker's kept (probabilities, labels) batches and every other worker's, as
+        the whole evaluation split's in evaluation-set order (run/predictions.py)."""
+        torch, held = self.torch, {}
+        for key, column in (("probabilities", 0), ("labels", 1)):
+            mine = torch.cat([batch[column] for batch in kept])
+            parts = distributed.all_gather_tensors(torch, self.placement, mine)
+            held[key] = predictions.in_evaluation_order([part.numpy() for part in parts])
+        return held
+
+    @property
+    def predictions(self) -> dict | None:
+        return self._predictions
 
     def _zero_batch(self):
         size, batch = self.workload.image_size, self.setup.training.batch_per_replica

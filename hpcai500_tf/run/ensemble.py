@@ -66,7 +66,7 @@ def check_arguments(args, backend) -> None:
     if not backend.saves_predictions:
         raise UserError(
             f"--ensemble is not built for --framework {backend.name}: its evaluation does not "
-            "save its outputs (TensorFlow's does)"
+            "save its outputs"
         )
     setup = config.run_setup(args.benchmark, args.preset, args.set, args.config)
     if setup.benchmark.name not in MERGING:

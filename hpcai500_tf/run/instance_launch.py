@@ -323,7 +323,8 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
         f"(task {group.index_in_group} of {group.tasks_per_instance}; seed {seed})",
         flush=True,
     )
-    sampling = window_energy.node_sampling(args.power_hz)  # this node's, over the window
+    # this node's energy over the window (a meter log is read by the members' records)
+    sampling = None if args.meter_log else window_energy.node_sampling(args.power_hz)
     started = time.monotonic()
     code, stopped_by = slurm_task.run_instance(command, env)  # a scancel leaves the task here
     ran_s = time.monotonic() - started
@@ -365,7 +366,7 @@ def _assemble(parent: Path, setup, group: plans.SlurmGroup, args) -> None:
     data["window"] = {"start": start, "stop": stop}
     hosts = [host for member in members for host in member["hosts"]]
     energy, more = (None, [])
-    if args.power_hz:  # each node's own block over the window, else the members' records
+    if args.power_hz and not args.meter_log:  # each node's own block, else the members
         energy, more = window_energy.nodes_energy(parent, hosts, start, stop)
     if energy is None:
         energy, fallback = window_energy.members_energy(seen, start, stop)

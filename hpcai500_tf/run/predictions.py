@@ -2,7 +2,7 @@
 evaluations, for the ensemble's evaluation (run/ensemble.py) to merge.
 
     RUN_DIR/predictions-eN.npz   a classifier's, after epoch N: `probabilities` (float32,
-                                 examples x classes, the model's softmax), `labels` (int,
+                                 examples x classes, the model's softmax), `labels` (int32,
                                  examples) and `epoch`
     RUN_DIR/detections-eN.npz    the detector's, after epoch N: `boxes` (float32, images x D
                                  x 4, [ymin, xmin, ymax, xmax] in pixels of the model's
@@ -13,9 +13,10 @@ evaluations, for the ensemble's evaluation (run/ensemble.py) to merge.
                                  -1), `num_classes` and `epoch`
 
 Both in evaluation-set order (the split is neither bootstrapped nor shuffled, and a member
-reads it in order: so every member's rows are the same examples). Written by the chief,
-atomically (a stop mid-write leaves the previous file whole). Pure numpy: no framework is
-imported here.
+reads it in order: so every member's rows are the same examples); on several workers each
+framework first puts every worker's rows back in evaluation-set order (`in_evaluation_order`).
+Written by the chief, atomically (a stop mid-write leaves the previous file whole). Pure
+numpy: no framework is imported here.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ def detections_path(run_dir: Path, epoch: int) -> Path:
 
 
 def keep(run, epoch: int) -> None:
-    """After evaluation `epoch` (counted from 1): the chief saves what its workload kept of
+    """After evaluation `epoch` (counted from 1): the chief saves what its trainer kept of
     it (`predictions`: an ensemble member's), nothing for any other run."""
-    kept = getattr(run.trainer.workload, "predictions", None)
+    kept = run.trainer.predictions
     if kept is None or not run.chief or run.run_dir is None:
         return
     if "boxes" in kept:  # the detector's
@@ -55,7 +56,7 @@ def keep(run, epoch: int) -> None:
 
 def save(run_dir: Path, epoch: int, probabilities, labels) -> Path:
     arrays = {"probabilities": np.asarray(probabilities, np.float32),
-              "labels": np.asarray(labels)}  # fmt: skip
+              "labels": np.asarray(labels, np.int32)}  # fmt: skip
     return _write(path_of(run_dir, epoch), epoch, arrays)
 
 
@@ -83,6 +84,25 @@ def _write(path: Path, epoch: int, arrays: dict) -> Path:
         Path(handle.name).unlink(missing_ok=True)
         raise
     return path
+
+
+def in_evaluation_order(parts: list[np.ndarray]) -> np.ndarray:
+    """The rows of every worker's shard of the evaluation split, by rank, as one array in
+    evaluation-set order: worker r of W read examples r, r + W, r + 2W, ... (tf.data's
+    `shard(W, r)`, as the procedural data shards: the only source an ensemble reads), so
+    example i is row i // W of worker i % W's part. One worker's part is returned as is."""
+    if len(parts) == 1:
+        return np.asarray(parts[0])
+    count = len(parts)
+    sizes = [len(part) for part in parts]
+    total = sum(sizes)
+    expected = [len(range(rank, total, count)) for rank in range(count)]
+    if sizes != expected:
+        raise ValueError(f"shards of {sizes} rows are not a {count}-way split of {total}")
+    ordered = np.empty((total, *np.shape(parts[0])[1:]), np.asarray(parts[0]).dtype)
+    for rank, part in enumerate(parts):
+        ordered[rank::count] = part
+    return ordered
 
 
 def load(run_dir: Path, epoch: int) -> tuple[np.ndarray, np.ndarray]:

@@ -212,6 +212,14 @@ class Trainer(ABC):
     @abstractmethod
     def evaluate(self) -> float: ...  # the workload's quality over the evaluation split
 
+    @property
+    def predictions(self) -> dict | None:
+        """An ensemble member's last evaluation: `probabilities` (examples x classes, the
+        softmax) and `labels`, over the whole evaluation split in evaluation-set order, for
+        run/predictions.py to save; None for any other run. Here: what the workload kept (the
+        TensorFlow workload keeps them as its evaluation gathers them)."""
+        return getattr(self.workload, "predictions", None)
+
     @abstractmethod
     def write_checkpoint(self, prefix: Path, epochs_done: int, batches_done: int = 0) -> Path: ...
 
