@@ -256,7 +256,10 @@ def test_a_pytorch_members_predictions_are_tensorflows_file_over_the_evaluation_
     assert quality == pytest.approx(rec["quality"]["achieved"])
     member = {"index": 0, "seed": 10, "run_dir": run_dir.name, "record": rec, "problem": None,
               "run_start": 1.0, "run_stop": 2.0}  # fmt: skip
-    assert ensemble.evaluate(tmp_path / "throughput.json", [member])[0] == quality
+    assert (
+        ensemble.evaluate(tmp_path / "throughput.json", [member], "image_classification")[0]
+        == quality
+    )
 
 
 @pytest.mark.slow  # two workers (PyTorch's with their data processes): 30-70 s on 2 busy cores

@@ -181,7 +181,7 @@ class Engine:
             if keeps:
                 replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
                 worker = tf.cast(replica_id, tf.int32) // local_replicas
-                outputs["worker"] = tf.fill(tf.shape(labels), worker)
+                outputs["worker"] = tf.fill(tf.shape(labels)[:1], worker)  # one per example
             return outputs
 
         outputs = self.strategy.run(replica, (images, labels))
