@@ -1,5 +1,6 @@
 import copy
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,33 @@ def torch_installed():
         import torch  # noqa: F401  (an ImportError fails the test)
     else:
         pytest.importorskip("torch", reason="PyTorch is optional: pip install -e '.[torch]'")
+
+
+_SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP})
+
+
+def _signal_state() -> tuple[dict, set]:
+    """Python's handler of every signal and the signals this thread blocks."""
+    return {s: signal.getsignal(s) for s in _SIGNALS}, signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.fixture(autouse=True)
+def signal_state_is_kept():
+    """Every test leaves the signal handlers and the blocked signals as it found them: one
+    that changed them (a stop signal blocked, as an srun task's `run_instance` leaves them, or
+    a handler of its own) would change what a later test's signal does, and only in the full
+    suite. Its teardown puts them back (later tests start as they would alone) and fails,
+    naming the signals."""
+    handlers, blocked = _signal_state()
+    yield
+    now_handlers, now_blocked = _signal_state()
+    changed = [s for s in _SIGNALS if now_handlers[s] is not handlers[s]]
+    for signum in changed:
+        if handlers[signum] is not None:  # None: not set from Python, cannot be put back
+            signal.signal(signum, handlers[signum])
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    names = ", ".join(signal.Signals(s).name for s in changed)
+    assert not changed, f"the test changed the handler of {names}"
+    assert now_blocked == blocked, (
+        f"the test changed the blocked signals from {sorted(blocked)} to {sorted(now_blocked)}"
+    )
