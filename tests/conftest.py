@@ -1,5 +1,6 @@
 import copy
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -38,6 +39,30 @@ def tf_tiny(tmp_path_factory):
     assert main(["train", "image_classification", "--preset", "tiny", "--out", str(out)]) == 0
     (path,) = out.glob("*/record.json")
     return path, record.load(path)
+
+
+@pytest.fixture(scope="session")
+def tf_stopped(tmp_path_factory) -> Path:
+    """A TensorFlow run of the tiny preset set to 3 epochs, stopped as epoch 3 began (as
+    Ctrl-C would), a checkpoint after each of its 2: its run directory. A test that changes
+    it (a resume) takes a copy: `copy_run(tf_stopped, tmp_path)`."""
+    from hpcai500_tf import config
+    from hpcai500_tf.engine import run
+
+    from .test_train import StopBeforeEpoch
+
+    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
+    out = tmp_path_factory.mktemp("stopped")
+    stopped, path = run.run_benchmark(setup, None, out, view=[StopBeforeEpoch(3)])
+    assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
+    return path.parent
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a run directory under tmp_path, by the same name."""
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy, symlinks=True)
+    return copy
 
 
 @pytest.fixture

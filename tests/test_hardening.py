@@ -464,18 +464,13 @@ def test_any_set_value_is_a_finite_config_or_one_line(key, value):
     strict_json(json.dumps(setup.config))  # every number in the resolved config is finite
 
 
-def test_a_stopped_record_says_which_epoch_resume_continues_from(tmp_path):
-    from hpcai500_tf import config
-    from hpcai500_tf.engine import run
-
-    from .test_train import StopBeforeEpoch
-
-    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=0)
-    state = json.loads((path.parent / "state.json").read_text())
+def test_a_stopped_record_says_which_epoch_resume_continues_from(tf_stopped):
+    # The session's run of 3 epochs, stopped as epoch 3 began; read only.
+    stopped = record.load(tf_stopped / "record.json")
+    state = json.loads((tf_stopped / "state.json").read_text())
     assert stopped["status"] == "stopped" and state["epochs_done"] == 2
     assert any(
-        f"the last checkpoint holds 2: resume with --resume {path.parent} (it continues from "
+        f"the last checkpoint holds 2: resume with --resume {tf_stopped} (it continues from "
         "epoch 3)" in w
         for w in stopped["warnings"]
     )
