@@ -21,7 +21,7 @@ from hpcai500_tf import record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
 
-from .conftest import EXAMPLE
+from .conftest import EXAMPLE, copy_run
 from .test_data import imagenet_dir  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,10 +114,10 @@ def test_a_shard_corrupt_mid_run_ends_in_a_failed_record(tmp_path, imagenet_dir,
     assert '"key": "run_stop"' in last and '"status": "aborted"' in last
 
 
-def test_resume_rebuilds_a_finished_runs_lost_record(tmp_path, capsys):
-    out = tmp_path / "runs"
-    assert main([*TINY, "--out", str(out)]) == 0
-    (path,) = out.glob("*/record.json")
+def test_resume_rebuilds_a_finished_runs_lost_record(tf_tiny, tmp_path, capsys):
+    # A copy of the session's finished tiny run (conftest's tf_tiny: `train image_classification
+    # --preset tiny`, as TINY without --power-hz).
+    path = copy_run(tf_tiny[0].parent, tmp_path) / "record.json"
     original = record.load(path)
     path.unlink()
     assert main(["train", "--resume", str(path.parent), "image_classification",
