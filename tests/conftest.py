@@ -84,6 +84,13 @@ def _signal_state() -> tuple[dict, set]:
     return {s: signal.getsignal(s) for s in _SIGNALS}, signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal past SIGRTMIN
+        return f"signal {signum}"
+
+
 @pytest.fixture(autouse=True)
 def signal_state_is_kept():
     """Every test leaves the signal handlers and the blocked signals as it found them: one
@@ -99,7 +106,7 @@ def signal_state_is_kept():
         if handlers[signum] is not None:  # None: not set from Python, cannot be put back
             signal.signal(signum, handlers[signum])
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    names = ", ".join(signal.Signals(s).name for s in changed)
+    names = ", ".join(_name(s) for s in changed)
     assert not changed, f"the test changed the handler of {names}"
     assert now_blocked == blocked, (
         f"the test changed the blocked signals from {sorted(blocked)} to {sorted(now_blocked)}"
