@@ -1,5 +1,7 @@
 """The `train` command end to end on the tiny preset: record, MLPerf log, resume, divergence."""
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -292,20 +294,27 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert not any(tmp_path.rglob("record.json"))
 
 
-def test_flops_command(capsys):
-    assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def tiny_flops() -> dict:
+    """`flops image_classification --preset tiny --json`: its report, read by the tests below."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_flops_command(tiny_flops):
+    report = tiny_flops
     assert report["per_example_training"] > 2 * report["per_example_forward"] > 0
     assert report["per_example_forward"] == pytest.approx(
         report["analytical_per_example_forward"], rel=0.05
     )
 
 
-def test_flops_reads_no_data(tmp_path, capsys):
+def test_flops_reads_no_data(tiny_flops, tmp_path, capsys):
     """A config that trains on ImageNet (here a user's file over the tiny preset) is counted
     without --data, and alike."""
-    assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
-    procedural = json.loads(capsys.readouterr().out)
+    procedural = tiny_flops
     mine = tmp_path / "mine.toml"
     mine.write_text(
         'benchmark = "image_classification"\ninherits = "tiny"\n[data]\nsource = "imagenet"\n'
