@@ -24,6 +24,7 @@ from hpcai500_tf.run.checkpoints import checkpoint_due
 from hpcai500_tf.run.directory import RunDirectory
 from hpcai500_tf.run.progress import Progress, fingerprint
 
+from .conftest import copy_run
 from .test_train import StopBeforeEpoch
 
 ONLY_AT_END = ["training.checkpoint_every=0", "training.checkpoint_minutes=0"]
@@ -158,12 +159,11 @@ def test_a_run_stopped_after_a_wall_time_checkpoint_resumes_from_it(tmp_path):
     assert [c["epoch"] for c in done["artifacts"]["checkpoints_written"]] == [1, 2, 3]
 
 
-def test_a_run_directory_from_before_the_cadence_key_still_resumes(tmp_path):
+def test_a_run_directory_from_before_the_cadence_key_still_resumes(tf_tiny, tmp_path):
     """config.json without checkpoint_minutes, state.json without its checkpoint list and the
     checkpoint under the old fixed prefix `ckpt`: --resume alone rebuilds the record."""
-    setup = config.prepare("image_classification", "tiny", [])
-    _, path = run.run_benchmark(setup, None, tmp_path, power_hz=0)
-    run_dir = path.parent
+    run_dir = copy_run(tf_tiny[0].parent, tmp_path)  # the session's finished tiny run
+    path = run_dir / "record.json"
     saved = json.loads((run_dir / "config.json").read_text())
     del saved["config"]["training"]["checkpoint_minutes"]
     (run_dir / "config.json").write_text(json.dumps(saved))

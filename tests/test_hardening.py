@@ -21,7 +21,7 @@ from hpcai500_tf import record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
 
-from .conftest import EXAMPLE
+from .conftest import EXAMPLE, copy_run
 from .test_data import imagenet_dir  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,10 +114,10 @@ def test_a_shard_corrupt_mid_run_ends_in_a_failed_record(tmp_path, imagenet_dir,
     assert '"key": "run_stop"' in last and '"status": "aborted"' in last
 
 
-def test_resume_rebuilds_a_finished_runs_lost_record(tmp_path, capsys):
-    out = tmp_path / "runs"
-    assert main([*TINY, "--out", str(out)]) == 0
-    (path,) = out.glob("*/record.json")
+def test_resume_rebuilds_a_finished_runs_lost_record(tf_tiny, tmp_path, capsys):
+    # A copy of the session's finished tiny run (conftest's tf_tiny: `train image_classification
+    # --preset tiny`, as TINY without --power-hz).
+    path = copy_run(tf_tiny[0].parent, tmp_path) / "record.json"
     original = record.load(path)
     path.unlink()
     assert main(["train", "--resume", str(path.parent), "image_classification",
@@ -464,18 +464,13 @@ def test_any_set_value_is_a_finite_config_or_one_line(key, value):
     strict_json(json.dumps(setup.config))  # every number in the resolved config is finite
 
 
-def test_a_stopped_record_says_which_epoch_resume_continues_from(tmp_path):
-    from hpcai500_tf import config
-    from hpcai500_tf.engine import run
-
-    from .test_train import StopBeforeEpoch
-
-    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=0)
-    state = json.loads((path.parent / "state.json").read_text())
+def test_a_stopped_record_says_which_epoch_resume_continues_from(tf_stopped):
+    # The session's run of 3 epochs, stopped as epoch 3 began; read only.
+    stopped = record.load(tf_stopped / "record.json")
+    state = json.loads((tf_stopped / "state.json").read_text())
     assert stopped["status"] == "stopped" and state["epochs_done"] == 2
     assert any(
-        f"the last checkpoint holds 2: resume with --resume {path.parent} (it continues from "
+        f"the last checkpoint holds 2: resume with --resume {tf_stopped} (it continues from "
         "epoch 3)" in w
         for w in stopped["warnings"]
     )

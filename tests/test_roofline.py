@@ -60,7 +60,25 @@ def test_resnet50_shapes_and_step_traffic():
     assert workload.step_traffic_bytes([(one, 2)], 4) == 2 * 3 * (32 + 6 + 48) * 4
 
 
-def test_roofline_command_writes_record_and_chart(tmp_path, capsys):
+# The placement tests and the command's default test measure a smaller plan than the real
+# quick one (seconds on 2 busy cores, not tens): the same command, kernels and record, fewer
+# and smaller sizes. The real quick plan runs in the slow test below.
+SMALL = dataclasses.replace(
+    QUICK, gemm_sizes=(128,), conv_batch=1, stream_elements=1 << 16, min_seconds=0.01
+)
+
+
+def test_roofline_command_writes_record_and_chart(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sweep, "QUICK", SMALL)
+    _roofline_command_writes_record_and_chart(tmp_path, capsys)
+
+
+@pytest.mark.slow  # ~25 s on 2 cores; the default test above runs the same command on SMALL
+def test_roofline_command_runs_the_real_quick_plan(tmp_path, capsys):
+    _roofline_command_writes_record_and_chart(tmp_path, capsys)
+
+
+def _roofline_command_writes_record_and_chart(tmp_path, capsys):
     out = tmp_path / "roof"
     args = ["roofline", "--quick", "--dtypes", "fp32", "--preset", "tiny", "--out", str(out)]
     assert main(args) == 0
@@ -84,11 +102,7 @@ def test_roofline_command_writes_record_and_chart(tmp_path, capsys):
     assert "refusing to overwrite" in capsys.readouterr().err
 
 
-# The placement tests place a point against whatever ceilings were measured: the command test
-# above runs the real quick plan; these measure a smaller one (seconds on 2 busy cores, not tens).
-SMALL = dataclasses.replace(
-    QUICK, gemm_sizes=(128,), conv_batch=1, stream_elements=1 << 16, min_seconds=0.01
-)
+# The placement tests place a point against whatever ceilings were measured (SMALL's).
 
 
 def quick_fp32_roofline(out, *extra) -> int:
@@ -98,28 +112,13 @@ def quick_fp32_roofline(out, *extra) -> int:
     )
 
 
-def test_roofline_places_a_training_record(tmp_path, monkeypatch):
+def test_roofline_places_a_training_record(tf_tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "QUICK", SMALL)
-    assert (
-        main(
-            [
-                "train",
-                "image_classification",
-                "--preset",
-                "tiny",
-                "--set",
-                "training.epochs=1",
-                "--out",
-                str(tmp_path / "runs"),
-            ]
-        )
-        == 0
-    )
-    (run_dir,) = list((tmp_path / "runs").iterdir())
+    path, _ = tf_tiny  # the session's tiny run, read only
     out = tmp_path / "roof"
-    assert quick_fp32_roofline(out, "--record", str(run_dir / "record.json")) == 0
+    assert quick_fp32_roofline(out, "--record", str(path)) == 0
     run = json.loads((out / "roofline.json").read_text())["run"]
-    assert run["achieved_flops"] > 0 and run["examples"] == 256
+    assert run["achieved_flops"] > 0 and run["examples"] == 2 * 256  # its 2 epochs of 256
 
 
 def test_roofline_places_the_reference_model_without_data(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """The `train` command end to end on the tiny preset: record, MLPerf log, resume, divergence."""
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -15,6 +17,7 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.results import scoring
 from hpcai500_tf.workloads.image_classification import ImageClassification
 
+from .conftest import copy_run
 from .test_data import (  # noqa: F401  (fixture)
     IMAGENET_FIXTURE_SETTINGS,
     imagenet_dir,
@@ -137,11 +140,10 @@ class StopBeforeEpoch:
         return lambda *args, **kwargs: None
 
 
-def test_resume_continues_without_double_counting(tmp_path):
-    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)])
+def test_resume_continues_without_double_counting(tf_stopped, tmp_path):
+    run_dir = copy_run(tf_stopped, tmp_path)  # 3 epochs, stopped as epoch 3 began
+    stopped = record.load(run_dir / "record.json")
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
-    run_dir = path.parent
     assert main(["train", "--resume", str(run_dir)]) == 0  # the saved config, alone
     done = record.load(run_dir / "record.json")
     assert done["status"] == "completed"
@@ -185,13 +187,10 @@ def test_a_checkpoint_restores_model_and_optimizer_exactly(tmp_path):
         np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.path)
 
 
-def test_resume_with_another_config_is_refused(tmp_path, capsys):
-    setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
-    _, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(2)])
-    assert (
-        main(["train", "image_classification", "--preset", "tiny", "--resume", str(path.parent)])
-        == 2
-    )
+def test_resume_with_another_config_is_refused(tf_stopped, tmp_path, capsys):
+    run_dir = copy_run(tf_stopped, tmp_path)  # trained with training.epochs=3, not the preset's
+    resume = ["train", "image_classification", "--preset", "tiny", "--resume", str(run_dir)]
+    assert main(resume) == 2
     assert "started with another config" in capsys.readouterr().err
 
 
@@ -295,20 +294,27 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert not any(tmp_path.rglob("record.json"))
 
 
-def test_flops_command(capsys):
-    assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def tiny_flops() -> dict:
+    """`flops image_classification --preset tiny --json`: its report, read by the tests below."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_flops_command(tiny_flops):
+    report = tiny_flops
     assert report["per_example_training"] > 2 * report["per_example_forward"] > 0
     assert report["per_example_forward"] == pytest.approx(
         report["analytical_per_example_forward"], rel=0.05
     )
 
 
-def test_flops_reads_no_data(tmp_path, capsys):
+def test_flops_reads_no_data(tiny_flops, tmp_path, capsys):
     """A config that trains on ImageNet (here a user's file over the tiny preset) is counted
     without --data, and alike."""
-    assert main(["flops", "image_classification", "--preset", "tiny", "--json"]) == 0
-    procedural = json.loads(capsys.readouterr().out)
+    procedural = tiny_flops
     mine = tmp_path / "mine.toml"
     mine.write_text(
         'benchmark = "image_classification"\ninherits = "tiny"\n[data]\nsource = "imagenet"\n'
