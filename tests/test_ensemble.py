@@ -109,7 +109,7 @@ def test_workers_shards_are_put_back_in_evaluation_order():
     rows = [np.stack([part, -part], axis=1) for part in parts]
     assert predictions.in_evaluation_order(rows)[:, 1].tolist() == [-i for i in range(8)]
     assert predictions.in_evaluation_order([np.arange(5)]).tolist() == list(range(5))
-    with pytest.raises(ValueError, match="not a 3-way split"):
+    with pytest.raises(UserError, match="not a 3-way split"):
         predictions.in_evaluation_order([np.arange(2), np.arange(3), np.arange(3)])
 
 
@@ -301,6 +301,8 @@ def test_a_member_on_two_workers_saves_the_whole_evaluation_set_in_order(
          "needs source = 'procedural' or 'imagenet', not 'random'"),
         (["--instances", "2", "--ensemble", "--set", "data.bootstrap_member=1"],
          "data.bootstrap_member is set by --ensemble"),
+        (["--instances", "2", "--ensemble", "--workers", "4", "--set", "data.source=imagenet",
+          "--data", "x"], "--ensemble on ImageNet TFRecords trains each member on one worker"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_before_any_training(tmp_path, capsys, extra, words):

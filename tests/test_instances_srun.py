@@ -173,6 +173,14 @@ def test_a_node_that_wrote_no_window_leaves_the_members_records_to_count(tmp_pat
     ]
 
 
+def test_no_window_leaves_the_members_records_to_say_so_and_one_chief_assembles(tmp_path):
+    from hpcai500_tf.run import instance_launch
+
+    assert window_energy.nodes_energy(tmp_path, ["node9"], None, None) == (None, [])
+    assert window_energy.nodes_energy(tmp_path, ["node9"], 5.0, None) == (None, [])
+    assert instance_launch._claimed(tmp_path) and not instance_launch._claimed(tmp_path)
+
+
 def test_a_node_waits_for_a_lost_instance_only_so_long(tmp_path, monkeypatch):
     """Instance 1's task was lost (no note ever comes): node9 stops waiting and says so."""
     monkeypatch.setattr(window_energy, "NODE_WAIT_MIN_S", 0.3)

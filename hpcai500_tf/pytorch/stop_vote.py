@@ -2,13 +2,13 @@
 (run/stop.py says why).
 
 A ballot: one zero-valued parameter per stop signal, beside the network inside the module DDP
-wraps (`voting_model`). Each step adds `(ballot * vote).sum()` to the loss it differentiates:
-a term of value zero, so the loss and every other gradient are unchanged bit for bit, whose
+wraps (`voting_model`). Each step adds `(ballot * vote).sum()` to the loss it differentiates: a
+term of value zero, so the loss and every other gradient are unchanged bit for bit, whose
 gradient is this worker's vote. DDP then averages the ballot's gradient with the network's in
-its own all-reduce (in the bucket of the network's first layers, the last reduced), so the
-vote costs no hook, no copy and no collective of its own, and the workers' summed votes are
-ready when `backward()` returns. The ballot is in no optimizer group (it never moves from
-zero) and in no checkpoint (the trainer saves the network).
+its own all-reduce (in whichever bucket DDP gives it), so the vote costs no hook, no copy and
+no collective of its own, and the workers' summed votes are ready when `backward()` returns.
+The ballot is in no optimizer group (it never moves from zero) and in no checkpoint (the
+trainer saves the network).
 """
 
 from __future__ import annotations

@@ -77,6 +77,21 @@ def check_arguments(args, backend) -> None:
     problem = bootstrap_problem(setup.benchmark.name, data.source)
     if problem:
         raise UserError("--ensemble: " + problem)
+    if data.source == "imagenet" and _workers_per_member(args) > 1:
+        raise UserError(
+            "--ensemble on ImageNet TFRecords trains each member on one worker: on several, "
+            "each reads whole evaluation files, and its rows have no evaluation-set order to "
+            "merge (give as many workers or srun tasks as --instances)"
+        )
+
+
+def _workers_per_member(args) -> int:
+    """Each member's workers: srun's tasks, else --workers, shared by --instances."""
+    import os
+
+    tasks = os.environ.get("SLURM_NTASKS") if os.environ.get("SLURM_JOB_ID") else None
+    total = int(tasks) if tasks else (args.workers or args.instances)
+    return max(1, total // args.instances)
 
 
 def member_arguments(args, index: int) -> list[str]:

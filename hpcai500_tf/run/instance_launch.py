@@ -13,7 +13,8 @@ Under srun each task runs its instance's `train` with its group's step variables
 (`instances.slurm_group`; an ensemble member also its index, `ensemble.member_arguments`); the
 chief of each instance leaves its member note beside the runs, and whichever chief ends last
 writes the throughput record (an ensemble's form and rule where `--ensemble` is given) and
-says its score, its energy the members' records' added over their disjoint nodes
+says its score, its energy each node's own block over the window (each node's first task
+samples it), else the members' records' added over their disjoint nodes
 (run/window_energy.py). A scancel's SIGTERM reaches every task: each passes it on and waits
 for its instance (run/slurm_task.py), so the stopped members are named in a throughput record
 of status `stopped`.
@@ -78,6 +79,8 @@ def parent_directory(out: str, setup, instances: int, environ=os.environ) -> Pat
     label = f"{setup.preset}-x{instances}"
     if environ.get("SLURM_JOB_ID"):
         step = environ.get("SLURM_STEP_ID", "0")
+        restart = environ.get("SLURM_RESTART_COUNT", "0")  # a requeued job's steps start anew
+        step += f"-r{restart}" if restart != "0" else ""
         path = Path(out) / f"{setup.benchmark.name}-{label}-{environ['SLURM_JOB_ID']}.{step}"
         path.mkdir(parents=True, exist_ok=True)
         return path
@@ -337,19 +340,34 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
         note_path = parent / MEMBER_NOTE.format(index=group.instance)
         record_io.write_atomic(note_path, note, overwrite=True)
     if sampling is not None:
-        notes = [parent / MEMBER_NOTE.format(index=i) for i in range(group.instances)]
-        window_energy.write_node(parent, sampling, notes, ran_s, args.power_hz)
+        window_energy.write_node(
+            parent, sampling, _note_paths(parent, group.instances), ran_s, args.power_hz
+        )
     if group.chief:
         _assemble(parent, setup, group, args)
     return code
+
+
+def _note_paths(parent: Path, instances: int) -> list[Path]:
+    return [parent / MEMBER_NOTE.format(index=i) for i in range(instances)]
+
+
+def _claimed(parent: Path) -> bool:
+    """Whether this chief is the one to write the throughput record: the first to create
+    PARENT/.assembling (chiefs that waited for the nodes' energy find every note at once)."""
+    try:
+        os.close(os.open(parent / ".assembling", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _assemble(parent: Path, setup, group: plans.SlurmGroup, args) -> None:
     """The throughput record (an ensemble's where `args` say so), once every instance's
     member note is there (the last chief to end writes it and says its score; one that
     finds it written leaves it)."""
-    notes = [parent / MEMBER_NOTE.format(index=i) for i in range(group.instances)]
-    if not all(p.exists() for p in notes):
+    notes = _note_paths(parent, group.instances)
+    if not all(p.exists() for p in notes) or not _claimed(parent):
         return
     members = [record_io.parse_json(p.read_text(), p, "member note") for p in notes]
     data = _record(setup, group.instances, group.tasks_per_instance, members, "slurm", None)

@@ -88,9 +88,10 @@ def _write(path: Path, epoch: int, arrays: dict) -> Path:
 
 def in_evaluation_order(parts: list[np.ndarray]) -> np.ndarray:
     """The rows of every worker's shard of the evaluation split, by rank, as one array in
-    evaluation-set order: worker r of W read examples r, r + W, r + 2W, ... (tf.data's
-    `shard(W, r)`, as the procedural data shards: the only source an ensemble reads), so
-    example i is row i // W of worker i % W's part. One worker's part is returned as is."""
+        evaluation-set order: worker r of W read examples r, r + W, r + 2W, ... (tf.data's
+        `shard(W, r)`, as the procedural data and the detector's files shard; an ImageNet member
+    has one worker), so
+        example i is row i // W of worker i % W's part. One worker's part is returned as is."""
     if len(parts) == 1:
         return np.asarray(parts[0])
     count = len(parts)
@@ -98,7 +99,10 @@ def in_evaluation_order(parts: list[np.ndarray]) -> np.ndarray:
     total = sum(sizes)
     expected = [len(range(rank, total, count)) for rank in range(count)]
     if sizes != expected:
-        raise ValueError(f"shards of {sizes} rows are not a {count}-way split of {total}")
+        raise UserError(
+            f"ensemble member's evaluation: its workers' shards of {sizes} rows are not a "
+            f"{count}-way split of {total} examples: no evaluation-set order to save"
+        )
     ordered = np.empty((total, *np.shape(parts[0])[1:]), np.asarray(parts[0]).dtype)
     for rank, part in enumerate(parts):
         ordered[rank::count] = part

@@ -214,10 +214,11 @@ class Trainer(ABC):
 
     @property
     def predictions(self) -> dict | None:
-        """An ensemble member's last evaluation: `probabilities` (examples x classes, the
-        softmax) and `labels`, over the whole evaluation split in evaluation-set order, for
-        run/predictions.py to save; None for any other run. Here: what the workload kept (the
-        TensorFlow workload keeps them as its evaluation gathers them)."""
+        """An ensemble member's last evaluation outputs (the classifier's probabilities and
+        labels, the detector's boxes and truth: run/predictions.py), over the whole evaluation
+        split in evaluation-set order, for run/predictions.py to save; None for any other run.
+        Here: what the workload kept (the TensorFlow workload keeps them as its evaluation
+        gathers them)."""
         return getattr(self.workload, "predictions", None)
 
     @abstractmethod

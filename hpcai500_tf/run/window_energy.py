@@ -1,4 +1,5 @@
-"""The machine's energy over a throughput window under srun, from its members' own records.
+"""The machine's energy over a throughput window under srun: each node's own block over it,
+else (below first) the sum of its members' own records.
 
 Under srun the instances run on disjoint groups of whole nodes (`cluster.instances`), and
 each instance's record already holds its nodes' energy, gathered by the rules of one
@@ -26,6 +27,7 @@ ends where it stopped and the window's coverage says so.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -171,7 +173,7 @@ def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz:
     has ended, `NODE_WAIT_MIN_S`), for the assembling chief (`nodes_energy`)."""
     sampler, notes = sampling
     deadline = time.monotonic() + max(own_s, NODE_WAIT_MIN_S)
-    while not all(p.exists() for p in note_paths) and time.monotonic() < deadline:
+    while not all(p.exists() for p in note_paths) and _waiting(deadline):
         time.sleep(POLL_S)
     sampler.stop()
     present = [p for p in note_paths if p.exists()]
@@ -185,6 +187,14 @@ def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz:
     record_io.write_atomic(parent / NODE_FILE.format(host=host), data, overwrite=True)
 
 
+def _waiting(deadline: float) -> bool:
+    """Whether a wait for the other tasks goes on: before `deadline`, and no stop signal
+    pending (run/slurm_task.py holds them blocked once the instance has ended: a scancel
+    then ends the wait, and the task writes what it has and exits)."""
+    pending = signal.sigpending() & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    return not pending and time.monotonic() < deadline
+
+
 def node_name() -> str:
     """This node as Slurm names it (the members' `hosts`), else its host name."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -192,10 +202,13 @@ def node_name() -> str:
 
 def nodes_energy(parent: Path, hosts: list[str], start, stop) -> tuple[dict | None, list[str]]:
     """The window's energy from every node's own block (`write_node`), waiting up to
-    NODES_WAIT_S for them; (None, why) where one is missing or sampled another window."""
+    NODES_WAIT_S for them; (None, why) where one is missing or sampled another window, and
+    (None, []) where there is no window (the members' records say so)."""
+    if start is None or stop is None or not stop > start:
+        return None, []
     paths = {host: parent / NODE_FILE.format(host=host) for host in hosts}
     deadline = time.monotonic() + NODES_WAIT_S
-    while not all(p.exists() for p in paths.values()) and time.monotonic() < deadline:
+    while not all(p.exists() for p in paths.values()) and _waiting(deadline):
         time.sleep(POLL_S)
     blocks = []
     for host, path in paths.items():
