@@ -229,7 +229,7 @@ def test_the_ensemble_takes_imagenet_tfrecords_and_refuses_random_data():
     def check(*settings):
         args = SimpleNamespace(
             instances=2, resume=None, run_dir=None, config=None, set=settings,
-            benchmark="image_classification", preset="tiny",
+            benchmark="image_classification", preset="tiny", workers=None,
         )  # fmt: skip
         ensemble.check_arguments(args, backend)
 
