@@ -26,12 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcai500_tf.cluster.machine import cpu_facts
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = 1_281_167
 
 
 def _shards_writer():
-    """benchmarks/dataset_verification.py's `write_shards`, `cpu_model` (not a package)."""
+    """benchmarks/dataset_verification.py's `write_shards` (not a package)."""
     spec = importlib.util.spec_from_file_location(
         "dataset_verification", ROOT / "benchmarks" / "dataset_verification.py"
     )
@@ -73,7 +75,7 @@ def main() -> int:
             workload = ImageClassification(preset, str(data))
             seconds[name] = time.perf_counter() - began
         sample = workload.facts["training_sample"]
-        print(f"CPU: {verification.cpu_model()} ({os.cpu_count()} logical cores)")
+        print(f"CPU: {cpu_facts()['cpu_model']} ({os.cpu_count()} logical cores)")
         for name, value in seconds.items():
             print(f"workload built ({name}, counts cached): {value:.2f} s")
         print(f"member 0 draws {sample['draws']:,}: {sample['distinct_examples']:,} distinct")

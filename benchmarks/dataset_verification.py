@@ -16,26 +16,16 @@ so for "first" they are in the page cache.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from hpcai500_tf.cluster.machine import cpu_facts
+
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"train": (1_281_167, 1024), "validation": (50_000, 128)}  # records, shards
 TARGETS = {"first": 60.0, "cached": 2.0, "evicted": 60.0}
-
-
-def cpu_model() -> str:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (lscpu failed)"
-    for line in text.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def framed_records() -> list[bytes]:
@@ -111,7 +101,7 @@ def main() -> int:
             if workload.dataset_name() != "imagenet-1k" or facts["data_differences"]:
                 print(f"verification failed: {facts['data_differences']}", file=sys.stderr)
                 return 1
-        print(f"CPU: {cpu_model()} ({os.cpu_count()} logical cores)")
+        print(f"CPU: {cpu_facts()['cpu_model']} ({os.cpu_count()} logical cores)")
         for run, value in seconds.items():
             verdict = "ok" if value < TARGETS[run] else "MISSED"
             target = TARGETS[run]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import shutil
 import subprocess
 import sys
@@ -28,20 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hpcai500_tf import record as record_io  # noqa: E402
+from hpcai500_tf.cluster.machine import cpu_facts  # noqa: E402
 from hpcai500_tf.report import pages  # noqa: E402
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, and the cores this process sees."""
-    name = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores"
 
 
 def train_tiny(out: Path) -> Path:
@@ -140,7 +127,7 @@ def main() -> int:
     print(
         f"report over {args.runs} runs: {seconds:.2f} s ({seconds / args.runs * 1000:.0f} ms a "
         f"run; {len(written)} pages, {size / 1e6:.1f} MB), {verdict} the {args.target_s:g} s "
-        f"target, on {cpu_model()}"
+        f"target, on {cpu_facts()['cpu_model']}"
     )
     return 0 if seconds < args.target_s else 1
 

@@ -287,20 +287,6 @@ def test_a_member_stopped_mid_epoch_resumes_on_its_tfrecords_to_an_uninterrupted
     """The lifecycle's own stop and resume (tests/test_stop_keeps_work.py's): the resumed
     member rebuilds its draw from its saved config and skips the batches it trained, so it
     ends with the weights of a member never stopped."""
-    from tests.test_stop_keeps_work import TINY, Stopping, _run, _tensorflow_build, _weights
+    from tests.test_ensemble import resumed_member_equals_uninterrupted
 
-    build = _tensorflow_build()
-    setup = config.prepare("image_classification", "tiny", [*TINY, *MEMBER])
-    data = str(imagenet_dir)
-    stopped, path = _run(setup, Stopping(build, 2), out_dir=tmp_path / "stopped", data_dir=data)
-    assert stopped["status"] == "stopped", stopped["warnings"]
-    resuming = Stopping(build)
-    resumed, _ = _run(setup, resuming, resume=str(path.parent), data_dir=data)
-    whole = Stopping(build)
-    plain, _ = _run(setup, whole, out_dir=tmp_path / "whole", data_dir=data)
-    assert resumed["status"] == "completed", resumed["warnings"]
-    sample = resumed["layers"]["L9"]["training_sample"]
-    assert sample == plain["layers"]["L9"]["training_sample"]
-    assert sample["digest"] == bootstrap.digest(bootstrap.draw(10, 1, 12))
-    for got, want in zip(_weights(resuming.built), _weights(whole.built), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    resumed_member_equals_uninterrupted(tmp_path, MEMBER, 2, 12, data_dir=str(imagenet_dir))

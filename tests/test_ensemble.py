@@ -435,6 +435,31 @@ def test_ensembles_are_ranked_apart_and_reported_with_their_members(two_members,
     assert f"{throughput.score(path).quality:.4f} top-1" in text
 
 
+def resumed_member_equals_uninterrupted(
+    tmp_path: Path, settings: list[str], stop_at: int, draws: int, **data_dir
+) -> tuple[dict, Path]:
+    """Member 1 (tiny, `settings`) stopped as epoch `stop_at` begins and resumed ends with the
+    draw (of `draws` examples) and the weights of one never stopped; (the uninterrupted
+    record, the stopped run's record path). `data_dir`: the runs' (TFRecords')."""
+    from tests.test_stop_keeps_work import TINY, Stopping, _run, _tensorflow_build, _weights
+
+    build = _tensorflow_build()
+    setup = config.prepare("image_classification", "tiny", [*TINY, *settings])
+    stopped, path = _run(setup, Stopping(build, stop_at), out_dir=tmp_path / "stopped", **data_dir)
+    assert stopped["status"] == "stopped", stopped["warnings"]
+    resuming = Stopping(build)
+    resumed, _ = _run(setup, resuming, resume=str(path.parent), **data_dir)
+    whole = Stopping(build)
+    plain, _ = _run(setup, whole, out_dir=tmp_path / "whole", **data_dir)
+    assert resumed["status"] == "completed", resumed["warnings"]
+    sample = resumed["layers"]["L9"]["training_sample"]
+    assert sample == plain["layers"]["L9"]["training_sample"]
+    assert sample["digest"] == bootstrap.digest(bootstrap.draw(10, 1, draws))
+    for got, want in zip(_weights(resuming.built), _weights(whole.built), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return plain, path
+
+
 @pytest.mark.slow  # three tiny runs in this process: 1-2 minutes on 2 busy cores
 def test_a_member_stopped_mid_epoch_resumes_on_its_sample_to_an_uninterrupted_members_weights(
     tmp_path,
@@ -442,22 +467,7 @@ def test_a_member_stopped_mid_epoch_resumes_on_its_sample_to_an_uninterrupted_me
     """The sample is drawn again from the saved config, and the epoch's seeded stream skips
     the batches trained before the stop (run/data_position.py): the resumed member ends where
     one never stopped ends, with the same draw in its record."""
-    from tests.test_stop_keeps_work import TINY, Stopping, _run, _tensorflow_build, _weights
-
-    build = _tensorflow_build()
-    setup = config.prepare("image_classification", "tiny", [*TINY, "data.bootstrap_member=1"])
-    stopped, path = _run(setup, Stopping(build, 3), out_dir=tmp_path / "stopped")
-    assert stopped["status"] == "stopped", stopped["warnings"]
-    resuming = Stopping(build)
-    resumed, _ = _run(setup, resuming, resume=str(path.parent))
-    whole = Stopping(build)
-    plain, _ = _run(setup, whole, out_dir=tmp_path / "whole")
-    assert resumed["status"] == "completed", resumed["warnings"]
-    sample = resumed["layers"]["L9"]["training_sample"]
-    assert sample == plain["layers"]["L9"]["training_sample"]
-    assert sample["digest"] == bootstrap.digest(bootstrap.draw(10, 1, 256))
-    for got, want in zip(_weights(resuming.built), _weights(whole.built), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    plain, path = resumed_member_equals_uninterrupted(tmp_path, ["data.bootstrap_member=1"], 3, 256)
     held, _ = predictions.load(path.parent, 2)
     again, _ = predictions.load(plain["artifacts"]["run_dir"], 2)
     np.testing.assert_allclose(held, again, rtol=1e-4, atol=1e-5)

@@ -19,6 +19,7 @@ from hpcai500_tf.cli import main
 from hpcai500_tf.cluster import instances
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import throughput
+from tests.fake_members import member_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "image_classification", "--preset", "tiny", "--no-tensorboard", "--power-hz", "0"]
@@ -337,17 +338,8 @@ def test_the_window_energy_is_the_machine_sampled_once_over_the_window(tmp_path)
     ended = time.time()
     time.sleep(0.1)
     sampler.stop()
-    members = []
-    for index, (start, stop) in enumerate([(began, began + 0.2), (began + 0.1, ended)]):
-        run_dir = tmp_path / f"instance-{index}" / "run"
-        run_dir.mkdir(parents=True)
-        lines = [
-            {"key": "run_start", "time_ms": start * 1000, "metadata": {}},
-            {"key": "run_stop", "time_ms": stop * 1000, "metadata": {"status": "success"}},
-        ]
-        (run_dir / "mlperf.log").write_text("".join(f":::MLLOG {json.dumps(x)}\n" for x in lines))
-        members.append({"index": index, "seed": index, "run_dir": f"instance-{index}/run",
-                        "exit_code": 0, "ended": "exited 0", "hosts": ["here"]})  # fmt: skip
+    windows = [(began, began + 0.2), (began + 0.1, ended)]
+    members = member_notes(tmp_path, windows, ["here", "here"])
     (start, stop), energy, _ = window_energy.sampled(tmp_path, members, sampler, [], 200)
     assert start == pytest.approx(began, abs=1e-3)
     assert stop == pytest.approx(ended, abs=1e-3)

@@ -16,6 +16,7 @@ from hpcai500_tf.energy import sampler as power
 from hpcai500_tf.energy.sources import Source
 from hpcai500_tf.results import scoring
 from hpcai500_tf.run import window_energy
+from tests.fake_members import member_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,21 +113,13 @@ def test_a_member_lacking_its_other_workers_energy_gives_no_per_watt_figure():
 
 
 def _member_dirs(parent: Path, windows: list[tuple[float, float]]) -> list[Path]:
-    """Instance i on node(9 + i): its MLPerf log's run_start and run_stop, and its note."""
-    notes = []
-    for index, (start, stop) in enumerate(windows):
-        run_dir = parent / f"instance-{index}" / "run"
-        run_dir.mkdir(parents=True)
-        lines = [
-            {"key": "run_start", "time_ms": start * 1000, "metadata": {}},
-            {"key": "run_stop", "time_ms": stop * 1000, "metadata": {"status": "success"}},
-        ]
-        (run_dir / "mlperf.log").write_text("".join(f":::MLLOG {json.dumps(x)}\n" for x in lines))
-        note = {"index": index, "seed": index, "run_dir": f"instance-{index}/run",
-                "exit_code": 0, "ended": "exited 0", "hosts": [f"node{9 + index}"]}  # fmt: skip
-        notes.append(parent / f"member-{index}.json")
-        notes[-1].write_text(json.dumps(note))
-    return notes
+    """Instance i on node(9 + i), timed `windows[i]`: its note's path, the note written."""
+    hosts = [f"node{9 + index}" for index in range(len(windows))]
+    paths = []
+    for note in member_notes(parent, windows, hosts):
+        paths.append(parent / f"member-{note['index']}.json")
+        paths[-1].write_text(json.dumps(note))
+    return paths
 
 
 def _node_sampling(watts: float):

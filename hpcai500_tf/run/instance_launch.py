@@ -147,7 +147,9 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
     processes: list[subprocess.Popen] = []
     stop = _Stop(processes)
     previous = {signum: signal.signal(signum, stop) for signum in FORWARDED}
-    sampler, notes = window_energy.start_sampling(args.power_hz)
+    from hpcai500_tf.run.energy import start_power_sampling
+
+    sampler, notes = start_power_sampling(args.power_hz)  # the machine's, over the window
     logs = []
     try:
         print(

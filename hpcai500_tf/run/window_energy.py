@@ -136,16 +136,6 @@ def _added(blocks: list[tuple], window_s: float, method: str = METHOD) -> tuple[
 # ----------------------------------------------------------------------------- sampled
 
 
-def start_sampling(hz: float):
-    """This machine's power sources sampled at `hz` (0: off), and notes on what is missing."""
-    from hpcai500_tf.energy.sources import discover
-
-    if hz == 0:
-        return None, ["power sampling was switched off (--power-hz 0)"]
-    sources, notes = discover()
-    return power.PowerSampler(sources, hz).start(), notes
-
-
 def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: float):
     """The window from the members' MLPerf logs, and the energy `sampler` (of this machine or
     node, running since before the window) measured over it: ((start, stop), block, warnings)."""
@@ -165,7 +155,9 @@ def node_sampling(hz: float):
     where power is sampled; None on any other task."""
     if not hz or os.environ.get("SLURM_LOCALID", "0") != "0":
         return None
-    return start_sampling(hz)
+    from hpcai500_tf.run.energy import start_power_sampling
+
+    return start_power_sampling(hz)
 
 
 def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz: float) -> None:
