@@ -135,8 +135,8 @@ def test_each_node_is_sampled_over_the_whole_window_though_its_instance_ended_fi
     """Instance 0 (node9, 100 W) ends after a third of the window, instance 1 (node10,
     60 W) trains it all: node9's block still covers the whole window, and the window's
     energy is both nodes' over it, each once."""
-    began = time.time()
-    samplings = {9: _node_sampling(100.0), 10: _node_sampling(60.0)}
+    samplings = {9: _node_sampling(100.0), 10: _node_sampling(60.0)}  # before the window,
+    began = time.time()  # as each node's first task starts its sampler before its instance
     time.sleep(0.6)
     ended = time.time()
     notes = _member_dirs(tmp_path, [(began, began + 0.2), (began, ended)])
