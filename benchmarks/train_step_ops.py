@@ -52,32 +52,47 @@ VARIANTS = (
     ("fp32, gpu-fused-batch-norm", "gpu-fused-batch-norm", "float32"),
     ("bf16 mixed, gpu-fused-batch-norm", "gpu-fused-batch-norm", "mixed_bfloat16"),
     ("fp16 mixed, gpu-fused-batch-norm", "gpu-fused-batch-norm", "mixed_float16"),
+    ("fp16 mixed, gpu-fused-batch-norm, xla", "gpu-fused-batch-norm", "mixed_float16"),
 )
 
 
-def graph_op_types(graph_def) -> collections.Counter:
-    """Op types of a GraphDef's nodes and of every library function they call, recursively."""
+def _called(node) -> list[str]:
+    """The names of the library functions a node calls (a call's or a cond's branches)."""
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names.extend(f.name for f in value.list.func)
+    return names
+
+
+def _compiled_functions(graph_def, library) -> set[str]:
+    """The functions run by the calls XLA must compile (`_XlaMustCompile`), in the graph or
+    in any library function."""
+    nodes = [*graph_def.node, *(n for f in library.values() for n in f.node_def)]
+    must = [n for n in nodes if "_XlaMustCompile" in n.attr and n.attr["_XlaMustCompile"].b]
+    return {name for node in must for name in _called(node)}
+
+
+def graph_op_types(graph_def, compiled_only: bool = False) -> collections.Counter:
+    """Op types of a GraphDef's nodes and of every library function they call, recursively;
+    `compiled_only`: only what the calls XLA must compile (`_XlaMustCompile`) run."""
     library = {f.signature.name: f for f in graph_def.library.function}
     counts: collections.Counter = collections.Counter()
-    seen: set[str] = set()
-
-    def called(node) -> list[str]:
-        names = []
-        for value in node.attr.values():
-            if value.HasField("func"):
-                names.append(value.func.name)
-            names.extend(f.name for f in value.list.func)
-        return names
+    seen: set[str] = _compiled_functions(graph_def, library) if compiled_only else set()
+    nodes = (
+        [n for name in seen for n in library[name].node_def] if compiled_only else graph_def.node
+    )
 
     def walk(nodes) -> None:
         for node in nodes:
             counts[node.op] += 1
-            for name in called(node):
+            for name in _called(node):
                 if name in library and name not in seen:
                     seen.add(name)
                     walk(library[name].node_def)
 
-    walk(graph_def.node)
+    walk(nodes)
     return counts
 
 
@@ -86,9 +101,16 @@ def kernel_count(counts: collections.Counter) -> int:
 
 
 def traced_step_ops(
-    kernels: str, policy: str, image_size: int, batch: int, preset: str = "reference"
+    kernels: str,
+    policy: str,
+    image_size: int,
+    batch: int,
+    preset: str = "reference",
+    xla: bool = False,
+    compiled_only: bool = False,
 ) -> collections.Counter:
-    """The op types of one traced train step of `preset` under `policy`."""
+    """The op types of one traced train step of `preset` under `policy` (with `xla`, its loss
+    and gradients compiled, `training.xla`; `compiled_only`: the compiled part's ops only)."""
     import keras
 
     from hpcai500_tf.config import prepare
@@ -105,6 +127,7 @@ def traced_step_ops(
             f"training.batch_per_replica={batch}",
             "training.strategy='default'",
             f"training.precision='{'fp32' if policy == 'float32' else 'mixed'}'",
+            f"training.xla={str(xla).lower()}",
         ],
     )
     chosen, resolve = loop.precision_policy, model_kernels.resolve
@@ -116,7 +139,7 @@ def traced_step_ops(
         images, labels = engine.synthetic_batch()
         step = engine.traced_train_step  # (images, labels)
         traced = step.get_concrete_function(images, labels)
-        return graph_op_types(traced.graph.as_graph_def())
+        return graph_op_types(traced.graph.as_graph_def(), compiled_only)
     finally:
         loop.precision_policy, model_kernels.resolve = chosen, resolve
         keras.mixed_precision.set_global_policy("float32")
@@ -127,24 +150,35 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--by-type", action="store_true", help="print the count of each op type")
-    parser.add_argument("--variants", help="labels to count, comma-separated (default: all)")
+    parser.add_argument("--variants", help="labels to count, separated by ';' (default: all)")
     parser.add_argument("--json", help="also write the counts here")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    wanted = set(args.variants.split(",")) if args.variants else None
+    wanted = {v.strip() for v in args.variants.split(";")} if args.variants else None
     results = {}
     for label, kernels, policy in VARIANTS:
         if wanted and label not in wanted:
             continue
-        counts = traced_step_ops(kernels, policy, args.image_size, args.batch)
+        xla = label.endswith(", xla")
+        counts = traced_step_ops(kernels, policy, args.image_size, args.batch, xla=xla)
         results[label] = {
             "ops": sum(counts.values()),
             "kernels": kernel_count(counts),
             "by_type": dict(counts.most_common()),
         }
-        print(
-            f"{label:34s} ops {results[label]['ops']:6d}   kernels {results[label]['kernels']:6d}"
+        line = (
+            f"{label:38s} ops {results[label]['ops']:6d}   kernels {results[label]['kernels']:6d}"
         )
+        if xla:  # the part XLA compiles, whose kernels XLA fuses further on the device
+            inside = traced_step_ops(
+                kernels, policy, args.image_size, args.batch, xla=True, compiled_only=True
+            )
+            results[label]["compiled_ops"] = sum(inside.values())
+            results[label]["compiled_kernels"] = kernel_count(inside)
+            line += (
+                f"   (compiled by XLA: {kernel_count(inside)} of the kernels, before its fusion)"
+            )
+        print(line)
         if args.by_type:
             for op, n in counts.most_common():
                 mark = " " if op not in NOT_KERNELS else "-"

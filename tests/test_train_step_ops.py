@@ -36,19 +36,41 @@ def test_the_count_enters_both_branches_of_a_cond_once(step_ops):
     assert kernels == 6  # Greater, Sqrt, Mul, Exp x 2, AddV2: the cond and constants are not
 
 
-def test_a_float16_step_updates_each_variable_in_one_kernel_and_checks_finiteness_once(step_ops):
-    """The tiny preset under float16 (as on GPUs) on the GPU kernel set, weight decay on all
-    variables: per variable one momentum kernel and one decay kernel, one IsFinite for all
-    gradients, no element-wise moving-statistics update."""
-    counts = step_ops.traced_step_ops("gpu-fused-batch-norm", "mixed_float16", 16, 2, "tiny")
+def test_the_compiled_count_reads_only_what_xla_must_compile(step_ops):
+    inner = tf.function(lambda x: tf.sqrt(x) * 2.0, jit_compile=True)
+
+    @tf.function
+    def step(x):
+        return inner(x) + tf.exp(x)
+
+    graph = step.get_concrete_function(tf.constant(1.0)).graph.as_graph_def()
+    compiled = step_ops.graph_op_types(graph, compiled_only=True)
+    assert compiled["Sqrt"] == 1 and compiled["Mul"] == 1
+    assert compiled["Exp"] == 0 and compiled["AddV2"] == 0
+    assert step_ops.graph_op_types(graph)["Exp"] == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """(trainable variables, batch norms) of the tiny preset's model on the GPU kernel set."""
     from hpcai500_tf import config
     from hpcai500_tf.models.kernels import FusedBatchNorm
     from hpcai500_tf.workloads import build_workload
 
     setup = config.prepare("image_classification", "tiny", ["data.source='random'"])
     model = build_workload(setup.benchmark.name, setup.config, None).build_model()
-    variables = len(model.trainable_variables)
     batch_norms = sum(isinstance(layer, FusedBatchNorm) for layer in model._flatten_layers())
+    return len(model.trainable_variables), batch_norms
+
+
+def test_a_float16_step_updates_each_variable_in_one_kernel_and_checks_finiteness_once(
+    step_ops, tiny_model
+):
+    """The tiny preset under float16 (as on GPUs) on the GPU kernel set, weight decay on all
+    variables: per variable one momentum kernel and one decay kernel, one IsFinite for all
+    gradients, no element-wise moving-statistics update."""
+    counts = step_ops.traced_step_ops("gpu-fused-batch-norm", "mixed_float16", 16, 2, "tiny")
+    variables, batch_norms = tiny_model
     assert counts["ResourceApplyMomentum"] == variables
     assert counts["ResourceApplyGradientDescent"] == variables  # decay_all_variables
     assert counts["L2Loss"] == variables  # the decay term's value, no gradient of it
@@ -58,3 +80,17 @@ def test_a_float16_step_updates_each_variable_in_one_kernel_and_checks_finitenes
     # moving-statistics update took two subtractions (and a product) per statistic.
     assert 2 * batch_norms <= counts["AssignVariableOp"] <= 2 * batch_norms + 8
     assert counts["AssignSubVariableOp"] == 0 and counts["Sub"] < batch_norms
+
+
+def test_under_xla_the_compiled_part_holds_the_fused_batch_norm(step_ops, tiny_model):
+    """`training.xla` on the GPU kernel set under float16: what XLA compiles (each replica's
+    loss and gradients) holds one FusedBatchNormV3 and one FusedBatchNormGradV3 per batch
+    norm, and none of the optimizer's update, which the step runs outside it."""
+    variables, batch_norms = tiny_model
+    args = ("gpu-fused-batch-norm", "mixed_float16", 16, 2, "tiny")
+    compiled = step_ops.traced_step_ops(*args, xla=True, compiled_only=True)
+    assert compiled["FusedBatchNormV3"] == batch_norms
+    assert compiled["FusedBatchNormGradV3"] == batch_norms
+    assert compiled["ResourceApplyMomentum"] == 0 and compiled["IsFinite"] == 0
+    whole = step_ops.traced_step_ops(*args, xla=True)
+    assert whole["ResourceApplyMomentum"] == variables and whole["IsFinite"] == 1
