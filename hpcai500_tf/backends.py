@@ -12,6 +12,7 @@ a framework's name.
     backend.worker_environments(setup, n, environ) -> (environments, ports, gpus)
     backend.threads_variable                 the thread count --workers N shares out
     backend.checkpoint_files                 ((suffix, what), ...): the files of ckpt-N
+    backend.check_checkpoint(prefix)         ckpt-N's content read whole, where pure Python can
     backend.load()                           import the framework; a missing one is one line
     backend.run(setup, options, view)        train: lifecycle.run with its trainer
     backend.build_trainer(setup, options, view), backend.end_worker(code)
@@ -28,6 +29,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hpcai500_tf.errors import UserError
 
@@ -50,6 +52,7 @@ class Backend:
     _library_layers: Callable[[], tuple[dict, dict]] = field(repr=False)
     _worker_environments: Callable = field(repr=False)
     _build_trainer: Callable = field(repr=False)
+    _check_checkpoint: Callable[[Path], None] | None = field(default=None, repr=False)
 
     def check_arguments(self, device: str = "auto") -> None:
         if device != "auto" and not self.takes_device:
@@ -68,6 +71,13 @@ class Backend:
         """`--workers N` on this machine: each worker's environment, the ports they use and
         the GPUs shared out (CUDA_VISIBLE_DEVICES entries; none where each takes its own)."""
         return self._worker_environments(setup, workers, environ)
+
+    def check_checkpoint(self, prefix: Path) -> None:
+        """The content of the checkpoint at `prefix` read whole before the framework loads
+        (a damaged one is one line); a framework whose files only it can read (TensorFlow's)
+        has its trainer check them instead."""
+        if self._check_checkpoint is not None:
+            self._check_checkpoint(prefix)
 
     def load(self):
         """The framework's backend module (`run`, `end_worker`), its framework imported."""
@@ -116,6 +126,10 @@ def _load_pytorch():
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     _module("pytorch.build").import_torch()  # a missing or unusable torch is one line
     return _module("pytorch.train")
+
+
+def _pytorch_checkpoint(prefix: Path) -> None:
+    _module("pytorch.checkpoint_file").check_whole(prefix)
 
 
 def _tensorflow_trainer(setup, options, view=None):
@@ -178,6 +192,7 @@ _BACKENDS = {
         _library_layers=_pytorch_library_layers,
         _worker_environments=_pytorch_workers,
         _build_trainer=_pytorch_trainer,
+        _check_checkpoint=_pytorch_checkpoint,
     ),
 }
 NAMES = tuple(_BACKENDS)  # DEFAULT first

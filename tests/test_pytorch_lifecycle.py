@@ -4,10 +4,13 @@ several workers train one run through torch.distributed (the launcher's and torc
 TensorBoard scalars and a torch.profiler trace are written as on the TensorFlow side. Every
 PyTorch run is a process of its own, which never loads TensorFlow."""
 
+import dataclasses
 import json
 import shutil
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -112,6 +115,47 @@ def test_a_damaged_pytorch_checkpoint_is_one_line_and_the_record_is_kept(
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"hpcai500-tf: error: {checkpoint}: the checkpoint is damaged ("), line
     assert (run_dir / "record.json").read_bytes() == before
+
+
+def _flip_a_weight_bit(checkpoint: Path) -> None:
+    """One bit flipped in the middle of the first tensor's bytes (a zip member torch.save
+    stores uncompressed): torch.load would read it as a wrong weight."""
+    with zipfile.ZipFile(checkpoint) as archive:
+        member = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size)
+    data = bytearray(checkpoint.read_bytes())
+    name_length, extra_length = struct.unpack_from("<HH", data, member.header_offset + 26)
+    start = member.header_offset + 30 + name_length + extra_length
+    data[start + member.file_size // 2] ^= 0x10
+    checkpoint.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda path: path.write_bytes(path.read_bytes()[:1000]),
+        _flip_a_weight_bit,
+    ],
+    ids=["truncated", "a weight's bit flipped"],
+)
+def test_a_damaged_pytorch_checkpoint_is_refused_before_torch_or_the_data_process_starts(
+    torch_installed, stopped_run, tmp_path, monkeypatch, capsys, damage
+):
+    """The resume's checks (run/state.py) read ckpt-N.pt whole in pure Python: nothing of
+    the PyTorch side (torch, the trainer, its TensorFlow data process) is ever started."""
+    from hpcai500_tf import backends
+    from hpcai500_tf.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("the PyTorch side was started for a damaged checkpoint")
+
+    pytorch = dataclasses.replace(backends.get("pytorch"), _load=never, _build_trainer=never)
+    monkeypatch.setitem(backends._BACKENDS, "pytorch", pytorch)
+    run_dir = _copy(stopped_run, tmp_path)
+    checkpoint = run_dir / "checkpoints" / "ckpt-2.pt"
+    damage(checkpoint)
+    assert main(["train", "--resume", str(run_dir), "--power-hz", "0"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"hpcai500-tf: error: {checkpoint}: the checkpoint is damaged ("), line
 
 
 def test_resuming_with_the_other_framework_is_one_line(torch_installed, stopped_run, tmp_path):

@@ -5,9 +5,10 @@ every file and directory a resume reads or writes must be of its kind (a FIFO, a
 directory where a file belongs is refused, never opened), the resume state (state.json) must
 match its schema, agree with itself (one epoch entry per epoch done, segments forward in time,
 evaluations within the timed run) and with the run's budget, and the checkpoint it names must
-be whole on disk (TensorFlow's index and data files, or PyTorch's ckpt-N.pt). The framework's
-trainer then checks what only it can read, before any training starts: the epoch count the
-checkpoint itself holds, and every tensor (TensorFlow: its checksum; PyTorch: the file loads).
+be whole on disk (TensorFlow's index and data files, or PyTorch's ckpt-N.pt, whose every zip
+member's CRC-32 is checked here). The framework's trainer then checks what only it can read,
+before any training starts: the epoch count the checkpoint itself holds, and every tensor
+(TensorFlow: its checksum; PyTorch: the file loads).
 
 A resume refused here changes nothing in the run directory: its last record stays as it was.
 """
@@ -295,9 +296,12 @@ def check_resumable(run_dir: Path | str, epochs: int) -> dict:
             f"{directory.state}: says {state['epochs_done']} epochs were done, more than "
             f"the run's {epochs}: resume refused"
         )
-    checkpoint_prefix(run_dir, state)
+    prefix = checkpoint_prefix(run_dir, state)
     if state["epochs_done"] == epochs and finished_record(run_dir) is not None:
         raise UserError(
             f"{run_dir}: the run already finished all its epochs (its record: {directory.record})"
         )
+    # Read whole now, where pure Python can (PyTorch's zip archive): before any worker, the
+    # data process or the framework starts.
+    backends.get(state["framework"]).check_checkpoint(prefix)
     return state
