@@ -40,6 +40,10 @@ def bootstrap_problem(benchmark_name: str, source: str) -> str | None:
     )
 
 
+RANDOM_EPOCH = (
+    1024  # examples per year of extreme_weather's random data when synthetic_samples is 0
+)
+
 EXTREME_WEATHER_DATASETS = {
     "hdf5": "extremeweather",
     "synthetic": "synthetic-extremeweather",
@@ -93,6 +97,11 @@ class ImageClassificationData:
         if self.bootstrap_member >= 0:
             return bootstrap_problem("image_classification", self.source)
         return None
+
+    def configured_eval_examples(self) -> int | None:
+        """The evaluation examples the config alone fixes (generated data, or
+        data.eval_examples set over TFRecords); None where the validation shards' count is."""
+        return self.eval_examples or None
 
 
 # The model's forms that the reference and this project's earlier recipe differ in, each with
@@ -185,6 +194,15 @@ class ExtremeWeatherData:
             return bootstrap_problem("extreme_weather", self.source)
         return None
 
+    def random_examples(self, years: list[int]) -> int:
+        """The examples random data (source = 'random') makes of `years`."""
+        return (self.synthetic_samples or RANDOM_EPOCH) * len(years)
+
+    def configured_eval_examples(self) -> int | None:
+        """The evaluation examples the config alone fixes (random data); None where the
+        evaluation years' files are counted."""
+        return self.random_examples(self.eval_years) if self.source == "random" else None
+
 
 @dataclass(frozen=True)
 class ExtremeWeatherModel:
@@ -245,6 +263,14 @@ SECTIONS = {
     "image_classification": (ImageClassificationData, ImageClassificationModel),
     "extreme_weather": (ExtremeWeatherData, ExtremeWeatherModel),
 }
+
+
+def configured_eval_examples(benchmark_name: str, run_config: dict) -> int | None:
+    """The evaluation examples a run config fixes before any data is read (None: counted
+    from the data by the workload), so that what cannot be sharded is refused before any
+    worker starts."""
+    data, _ = data_and_model(benchmark_name, run_config)
+    return data.configured_eval_examples()
 
 
 def data_and_model(benchmark_name: str, run_config: dict):

@@ -415,23 +415,52 @@ def test_a_port_in_use_is_refused(tmp_path):
     )
 
 
-def test_data_that_cannot_be_sharded_is_refused(tmp_path, capsys):
-    argv = [
-        "train",
-        "image_classification",
-        "--preset",
-        "tiny",
-        "--set",
-        "data.eval_examples=1",
-        "--workers",
-        "2",
-        "--out",
-        str(tmp_path),
-    ]
+@pytest.mark.parametrize(
+    "benchmark, overrides",
+    [
+        ("image_classification", ["data.eval_examples=1"]),
+        ("extreme_weather", ["data.source='random'", "data.synthetic_samples=1"]),
+    ],
+)
+def test_data_that_cannot_be_sharded_is_refused_before_any_worker_starts(
+    tmp_path, capsys, monkeypatch, benchmark, overrides
+):
+    """The config alone fixes the evaluation examples (1, for 2 workers): the launcher
+    refuses it in one line before it starts a worker or makes a run directory."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("a worker was started for data that cannot be sharded")
+
+    monkeypatch.setattr(launch, "_start_workers", never)
+    argv = ["train", benchmark, "--preset", "tiny", "--workers", "2", "--out", str(tmp_path)]
+    for override in overrides:
+        argv += ["--set", override]
     assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "1 evaluation examples cannot be sharded to 2 workers" in err
-    assert err.count("\n") == 1
+    assert capsys.readouterr().err == (
+        "hpcai500-tf: error: 1 evaluation examples cannot be sharded to 2 workers\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_evaluation_examples_a_config_fixes_are_those_its_workload_uses():
+    """What the launcher checks (workload_config.configured_eval_examples) is the workload's
+    own count where the config fixes it; None where the data is counted (TFRecords, files)."""
+    from hpcai500_tf.workload_config import configured_eval_examples
+    from hpcai500_tf.workloads.extreme_weather import ExtremeWeather
+
+    def fixed(benchmark, overrides):
+        return configured_eval_examples(
+            benchmark, config.prepare(benchmark, "tiny", overrides).config
+        )
+
+    assert fixed("image_classification", ["data.eval_examples=7"]) == 7
+    assert fixed("image_classification", ["data.source='imagenet'", "data.eval_examples=0"]) is None
+    assert fixed("extreme_weather", []) is None  # synthetic year files, counted
+    random = config.prepare("extreme_weather", "tiny", ["data.source='random'"]).config
+    assert (
+        fixed("extreme_weather", ["data.source='random'"])
+        == ExtremeWeather(random, None).eval_examples
+    )
 
 
 def test_workers_with_different_configs_are_refused(tmp_path):

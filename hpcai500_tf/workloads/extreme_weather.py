@@ -28,8 +28,6 @@ from hpcai500_tf.models.kernels import resolve
 from hpcai500_tf.workload_config import EXTREME_WEATHER_DATASETS as DATASET_NAMES
 from hpcai500_tf.workload_config import data_and_model
 
-RANDOM_EPOCH = 1024  # examples per epoch of random data when synthetic_samples is 0
-
 
 class ExtremeWeather:
     name = "extreme_weather"
@@ -53,8 +51,8 @@ class ExtremeWeather:
                 d.synthetic_height // d.downsample,
                 d.synthetic_width // d.downsample,
             )
-            self.train_examples = (d.synthetic_samples or RANDOM_EPOCH) * len(d.train_years)
-            self.eval_examples = (d.synthetic_samples or RANDOM_EPOCH) * len(d.eval_years)
+            self.train_examples = d.random_examples(d.train_years)
+            self.eval_examples = d.random_examples(d.eval_years)
             self.data_dir = None
             return
         if d.source == "hdf5":
