@@ -40,9 +40,8 @@ def bootstrap_problem(benchmark_name: str, source: str) -> str | None:
     )
 
 
-RANDOM_EPOCH = (
-    1024  # examples per year of extreme_weather's random data when synthetic_samples is 0
-)
+# Examples per year of extreme_weather's random data where synthetic_samples is 0.
+RANDOM_EPOCH = 1024
 
 EXTREME_WEATHER_DATASETS = {
     "hdf5": "extremeweather",
