@@ -4,7 +4,10 @@ that `hpcai500-tf train --profile-steps A-B` wrote (`--trace DIR`).
 
 Sums the duration of every op event on TensorFlow's compute threads by op type (busy time:
 ops that ran side by side on two threads count twice), and prints each type's time per step
-and share of the busy time, largest first. To compare two checkouts, run it from each (the
+and share of the busy time, largest first; then how the traced window's wall time divides
+into time with no op running on those threads, one, and two or more (ops side by side share
+the cores' intra-op threads; time with none is the executor's own, or Python's between
+steps). To compare two checkouts, run it from each (the
 project is imported from the checkout the script is in when PYTHONPATH names it).
 
     python benchmarks/step_profile.py [--precision mixed] [--batch 32] [--steps 2]
@@ -24,14 +27,16 @@ from pathlib import Path
 NOT_OPS = ("ThreadpoolListener", "ExecutorState", "FunctionRun", "Executor")
 
 
-def op_times(trace: Path) -> collections.Counter:
-    """Seconds of op events by op type over every xplane file under `trace`."""
+def op_times(trace: Path, intervals: list | None = None) -> collections.Counter:
+    """Seconds of op events by op type over every xplane file under `trace`; each op event's
+    (start, end) in picoseconds is appended to `intervals` when one is given."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     seconds: collections.Counter = collections.Counter()
     files = sorted(trace.glob("**/*.xplane.pb")) if trace.is_dir() else [trace]
     if not files:
         raise SystemExit(f"{trace}: no *.xplane.pb trace there")
+    intervals = [] if intervals is None else intervals
     for path in files:
         space = xplane_pb2.XSpace()
         space.ParseFromString(path.read_bytes())
@@ -45,7 +50,21 @@ def op_times(trace: Path) -> collections.Counter:
                         continue
                     op_type = meta.display_name or meta.name.rsplit(":", 1)[-1]
                     seconds[op_type] += event.duration_ps * 1e-12
+                    start = line.timestamp_ns * 1000 + event.offset_ps
+                    intervals.append((start, start + event.duration_ps))
     return seconds
+
+
+def occupancy(intervals: list) -> dict:
+    """Seconds of the window from the first op's start to the last op's end during which 0, 1
+    and 2 or more ops ran (a sweep over the intervals' ends)."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    spans = collections.Counter()
+    running, previous = 0, edges[0][0] if edges else 0
+    for time, change in edges:
+        spans[min(running, 2)] += (time - previous) * 1e-12
+        running, previous = running + change, time
+    return {"none": spans[0], "one": spans[1], "two or more": spans[2]}
 
 
 def traced_steps(precision: str, batch: int, image_size: int, steps: int, out: Path) -> None:
@@ -79,11 +98,18 @@ def main() -> None:
         else:
             trace, steps = Path(scratch), args.steps
             traced_steps(args.precision, args.batch, args.image_size, steps, trace)
-        seconds = op_times(trace)
+        intervals: list = []
+        seconds = op_times(trace, intervals)
     busy = sum(seconds.values())
     print(f"busy time by op type over {steps} step(s): {busy / steps:.3f} s per step")
     for op_type, total in seconds.most_common(args.top):
         print(f"  {op_type:36s} {total / steps * 1e3:9.1f} ms  {total / busy:6.1%}")
+    spans = occupancy(intervals)
+    window = sum(spans.values())
+    print(
+        f"traced window {window / steps:.3f} s per step; ops running: "
+        + ", ".join(f"{n} {t / steps:.3f} s ({t / window:.0%})" for n, t in spans.items())
+    )
     if args.json:
         per_step = {op: total / steps for op, total in seconds.most_common()}
         Path(args.json).write_text(json.dumps(per_step, indent=2) + "\n")

@@ -372,3 +372,83 @@ def test_the_shifted_filter_gradient_counts_the_flops_of_the_native_one():
     shifted = tf.function(lambda a, b: kernels.shifted_filter_gradient(a, b, (3, 3)))
     count = count_function(shifted, inputs, upstream, batch=2)
     assert count.by_op_type == {"MatMul": 2.0 * (2 * 5 * 5 * 4) * 3 * 3 * 3}
+
+
+@pytest.mark.parametrize("height,width", [(6, 7), (9, 16), (16, 16)])
+def test_space_to_depth_filter_gradient_is_tensorflows_filter_gradient(height, width):
+    """Four windows of the input's 2x2 blocks give Conv2DBackpropFilter's 3x3 stride-2 VALID
+    filter gradient, over even and odd padded sizes."""
+    padded = tf.random.stateless_normal([2, height, width, 3], [1, 2])
+    rows, columns = (height - 3) // 2 + 1, (width - 3) // 2 + 1
+    upstream = tf.random.stateless_normal([2, rows, columns, 5], [3, 4])
+    expected = tf.raw_ops.Conv2DBackpropFilter(
+        input=padded, filter_sizes=[3, 3, 3, 5], out_backprop=upstream,
+        strides=[1, 2, 2, 1], padding="VALID",
+    )  # fmt: skip
+    ours = kernels.space_to_depth_filter_gradient(padded, upstream)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_space_to_depth_filter_gradient_counts_the_flops_of_the_native_one():
+    """Its matmuls take only the nine taps' products: the record's FLOPs do not change."""
+    from hpcai500_tf.measure.flops import count_function
+
+    padded = tf.cast(tf.random.stateless_normal([2, 9, 9, 3], [1, 2]), tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal([2, 4, 4, 6], [3, 4]), tf.bfloat16)
+    blocked = tf.function(kernels.space_to_depth_filter_gradient)
+    count = count_function(blocked, padded, upstream, batch=2)
+    assert count.by_op_type == {"MatMul": 2.0 * (2 * 4 * 4 * 6) * 3 * 3 * 3}
+
+
+@pytest.mark.parametrize("size,blocked", [(14, True), (13, True), (15, False), (16, False)])
+def test_small_strided_bfloat16_3x3_conv_takes_the_blocked_gradient_and_trains(size, blocked):
+    """The CPU set's symmetric-padding bfloat16 3x3 stride-2 layers with outputs up to 7x7
+    take the blocked filter gradient (no Conv2DBackpropFilter in the graph), within bfloat16
+    rounding of the exact one (5 % of the sum of the products' magnitudes)."""
+    layer = resnet.CPUSymmetricPaddingConv2D(
+        4, 3, strides=2, padding="same", use_bias=False, dtype="mixed_bfloat16",
+        kernel_initializer=keras.initializers.GlorotUniform(seed=12),
+    )  # fmt: skip
+    x = tf.cast(tf.random.stateless_normal([2, size, size, 3], [5, 6]), tf.bfloat16)
+
+    @tf.function
+    def gradient_of(x):
+        with tf.GradientTape() as tape:
+            y = layer(x)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+        return y, tape.gradient(loss, layer.kernel)
+
+    y, gradient = gradient_of(x)
+    graph = gradient_of.get_concrete_function(x).graph.as_graph_def()
+    op_types = {node.op for node in graph.node}
+    op_types |= {node.op for function in graph.library.function for node in function.node_def}
+    assert ("Conv2DBackpropFilter" not in op_types) == blocked
+    padded = tf.pad(tf.cast(x, tf.float32), [[0, 0], [1, 1], [1, 1], [0, 0]])
+    upstream = 2 * tf.cast(y, tf.float32)
+    products = [
+        tf.raw_ops.Conv2DBackpropFilter(
+            input=a,
+            filter_sizes=[3, 3, 3, 4],
+            out_backprop=b,
+            strides=[1, 2, 2, 1],
+            padding="VALID",
+        )  # fmt: skip
+        for a, b in ((padded, upstream), (tf.abs(padded), tf.abs(upstream)))
+    ]
+    assert y.shape[1] == -(-size // 2) and gradient.dtype == tf.float32
+    assert np.all(np.abs(gradient - products[0]) <= 0.05 * products[1])
+
+
+@pytest.mark.parametrize(
+    "choice,expected",
+    [
+        ("cpu-workarounds", "CPUSymmetricPaddingConv2D"),
+        ("gpu-fused-batch-norm", "SymmetricPaddingConv2D"),
+    ],
+)
+def test_only_the_cpu_set_builds_the_blocked_strided_layer(choice, expected):
+    model = _tiny_resnet(choice)
+    strided = {
+        type(layer).__name__ for layer in model.layers if "Symmetric" in type(layer).__name__
+    }
+    assert strided == {expected}

@@ -24,6 +24,11 @@ The CPU workarounds, each with the measurements that justify it (on this project
   kernel tap: 3.8-4.5x faster than oneDNN's bfloat16 Conv2DBackpropFilter at 7x7x512, which
   takes about 5x as long there as at 56x56x64 for the same FLOPs
   (`benchmarks/filter_gradient.py --kernel 3`).
+- The strided counterpart (`strided_small_bfloat16_conv`, which models/resnet.py's
+  CPUSymmetricPaddingConv2D takes): the bfloat16 3x3 stride-2 layer with a 7x7 output takes
+  its filter gradient from four matmuls over 2x2 blocks of its input: 2.9x faster than
+  oneDNN's there, the layer's forward and backward 2x, on a Zen 5 EPYC
+  (docs/performance.md).
 - `ReLU` computes the bfloat16 ReLU as an int16 max over the bits: 4.5 ms instead of
   TensorFlow's 21 ms at 32x56x56x256, 4.3 % of the bfloat16 ResNet-50 train step at batch 32.
   It zeroes NaNs with the sign bit set; `finiteness_variables` and `finiteness_term` give the
@@ -166,6 +171,82 @@ def _takes_shifted_gradient(inputs, kernel_size) -> bool:
         and height is not None
         and width is not None
         and max(height, width) <= SHIFTED_GRADIENT_MAX_SIZE
+    )
+
+
+# bfloat16 3x3 stride-2 convolutions with outputs no larger than this (height and width) take
+# their filter gradient from `space_to_depth_filter_gradient`: ResNet-50's strided layer of the
+# last stage. Measured on a Zen 5 EPYC (2 cores, batch 32) against Conv2DBackpropFilter: 2.9x
+# at 7x7 outputs (14x14x512 in), 1.2x at 14x14, 0.76x at 28x28; only the 7x7 case is taken,
+# as for the stride-1 layers (SHIFTED_GRADIENT_MAX_SIZE), which AMX was measured on.
+SPACE_TO_DEPTH_MAX_OUTPUT = 7
+
+
+@tf.custom_gradient
+def strided_small_bfloat16_conv(padded, kernel):
+    """A 3x3, stride-2 VALID convolution over an already padded bfloat16 input whose output is
+    small (`takes_space_to_depth_gradient`), with its filter gradient from
+    `space_to_depth_filter_gradient`: the strided 3x3 layer of ResNet-50's last stage (14x14
+    in, 7x7 out at 224x224), where oneDNN's bfloat16 Conv2DBackpropFilter ran at about a
+    quarter of its forward rate on a Zen 5 EPYC (`benchmarks/layers_vs_pytorch.py`). The
+    forward pass and the input gradient stay the native kernels."""
+    outputs = tf.nn.conv2d(padded, kernel, strides=2, padding="VALID")
+
+    def gradient(upstream):
+        input_gradient = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.shape(padded), filter=kernel, out_backprop=upstream,
+            strides=[1, 2, 2, 1], padding="VALID",
+        )  # fmt: skip
+        return input_gradient, space_to_depth_filter_gradient(padded, upstream)
+
+    return outputs, gradient
+
+
+def space_to_depth_filter_gradient(padded, upstream):
+    """d loss / d kernel of a 3x3, stride-2 VALID convolution over `padded`: [3, 3, cin, cout].
+
+    Split into 2x2 blocks, the input's pixel (2r + i, 2c + j) is block (r + i // 2, c + j // 2)
+    at offset (i % 2, j % 2), so tap (i, j) of output (r, c) reads block offset (i // 2, j // 2)
+    from (r, c): four contiguous windows of the blocked input, each one matmul with the
+    upstream gradient over all batch and output positions. The blocks' offsets are laid along
+    the channels as 01, 00, 10, 11, so that each window takes only the offsets it has taps for
+    (all four, 00 and 10, 01 and 00, 00): nine taps' products, the FLOPs of the native kernel."""
+    rows, columns = upstream.shape[1:3]
+    in_channels, out_channels = padded.shape[-1], upstream.shape[-1]
+    even = [[0, 0], [0, 2 * rows + 2 - padded.shape[1]], [0, 2 * columns + 2 - padded.shape[2]]]
+    blocked = tf.pad(padded[:, : 2 * rows + 2, : 2 * columns + 2], even + [[0, 0]])
+    blocked = tf.reshape(blocked, [-1, rows + 1, 2, columns + 1, 2, in_channels])
+    offsets = [blocked[:, :, i, :, j] for i, j in ((0, 1), (0, 0), (1, 0), (1, 1))]
+    blocked = tf.concat(offsets, axis=-1)  # [batch, rows + 1, columns + 1, 4 cin]
+    flat_upstream = tf.reshape(upstream, [-1, out_channels])
+
+    def window(i, j, first, count):  # block offsets first..first+count-1 of window (i, j)
+        taken = blocked[:, i : i + rows, j : j + columns, first * in_channels :]
+        taken = taken[..., : count * in_channels]
+        product = tf.matmul(tf.reshape(taken, [-1, count * in_channels]), flat_upstream,
+                            transpose_a=True)  # fmt: skip
+        return tf.split(product, count)
+
+    o01, o00, o10, o11 = window(0, 0, 0, 4)
+    r02, r12 = window(0, 1, 1, 2)  # offsets 00, 10 of the window one block right
+    r21, r20 = window(1, 0, 0, 2)  # offsets 01, 00 of the window one block down
+    (r22,) = window(1, 1, 1, 1)
+    taps = [o00, o01, r02, o10, o11, r12, r20, r21, r22]
+    return tf.reshape(tf.stack(taps), [3, 3, in_channels, out_channels])
+
+
+def takes_space_to_depth_gradient(padded, kernel_size, strides) -> bool:
+    """Whether a VALID convolution over `padded` goes through `strided_small_bfloat16_conv`:
+    bfloat16, 3x3, stride 2, an output of known size no larger than
+    SPACE_TO_DEPTH_MAX_OUTPUT."""
+    height, width = padded.shape[1:3]
+    return (
+        padded.dtype == tf.bfloat16
+        and tuple(kernel_size) == (3, 3)
+        and tuple(strides) == (2, 2)
+        and height is not None
+        and width is not None
+        and (max(height, width) - 3) // 2 + 1 <= SPACE_TO_DEPTH_MAX_OUTPUT
     )
 
 

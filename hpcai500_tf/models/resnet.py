@@ -13,9 +13,16 @@ Three forms are parameters, each the reference's by default for the classifier
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import layers, ops
 
-from hpcai500_tf.models.kernels import LayerSet, layer_set
+from hpcai500_tf.models.kernels import (
+    CPU_WORKAROUNDS,
+    LayerSet,
+    layer_set,
+    strided_small_bfloat16_conv,
+    takes_space_to_depth_gradient,
+)
 
 STAGE_FILTERS = (64, 128, 256, 512)
 RESNET50_BLOCKS = (3, 4, 6, 3)
@@ -59,13 +66,25 @@ class SymmetricPaddingConv2D(layers.Conv2D):
         spatial = self.pads()
         channels_last = self.data_format == "channels_last"
         padding = [[0, 0], *spatial, [0, 0]] if channels_last else [[0, 0], [0, 0], *spatial]
+        return self.valid_convolution(ops.pad(inputs, padding), kernel)
+
+    def valid_convolution(self, padded, kernel):
         return ops.conv(
-            ops.pad(inputs, padding),
-            kernel,
-            strides=list(self.strides),
-            padding="valid",
+            padded, kernel, strides=list(self.strides), padding="valid",
             data_format=self.data_format,
-        )
+        )  # fmt: skip
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class CPUSymmetricPaddingConv2D(SymmetricPaddingConv2D):
+    """The CPU kernel set's: a bfloat16 3x3 stride-2 layer over a small output takes its filter
+    gradient from 2x2 blocks of its input (`kernels.strided_small_bfloat16_conv`)."""
+
+    def valid_convolution(self, padded, kernel):
+        channels_last = self.data_format == "channels_last"
+        if channels_last and takes_space_to_depth_gradient(padded, self.kernel_size, self.strides):
+            return strided_small_bfloat16_conv(padded, tf.cast(kernel, padded.dtype))
+        return super().valid_convolution(padded, kernel)
 
 
 def _conv(
@@ -82,7 +101,12 @@ def _conv(
     if padding not in STRIDE_PADDINGS:
         raise ValueError(f"stride_padding must be one of {STRIDE_PADDINGS}, got {padding!r}")
     symmetric = padding == "symmetric" and strides > 1 and kernel > 1
-    return (SymmetricPaddingConv2D if symmetric else kernel_layers.conv)(
+    strided = (
+        CPUSymmetricPaddingConv2D
+        if kernel_layers.name == CPU_WORKAROUNDS
+        else SymmetricPaddingConv2D
+    )
+    return (strided if symmetric else kernel_layers.conv)(
         filters,
         kernel,
         strides=strides,
