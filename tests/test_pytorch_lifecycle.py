@@ -6,7 +6,6 @@ PyTorch run is a process of its own, which never loads TensorFlow."""
 
 import dataclasses
 import json
-import shutil
 import struct
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 from hpcai500_tf import record
 
+from .conftest import copy_run
 from .test_tensorboard import _scalar_tags
 
 TINY = ["--preset", "tiny", "--power-hz", "0", "--set", "training.checkpoint_every=1"]
@@ -62,14 +62,8 @@ def stopped_run(tmp_path_factory) -> Path:
     return path.parent
 
 
-def _copy(run_dir: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / run_dir.name
-    shutil.copytree(run_dir, copy)
-    return copy
-
-
 def test_a_stopped_pytorch_run_resumes_to_a_whole_record(torch_installed, stopped_run, tmp_path):
-    run_dir = _copy(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     stopped = record.load(run_dir / "record.json")
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 2
     assert "the last checkpoint holds 2" in stopped["warnings"][0]
@@ -106,7 +100,7 @@ def test_a_stopped_pytorch_run_resumes_to_a_whole_record(torch_installed, stoppe
 def test_a_damaged_pytorch_checkpoint_is_one_line_and_the_record_is_kept(
     torch_installed, stopped_run, tmp_path
 ):
-    run_dir = _copy(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     checkpoint = run_dir / "checkpoints" / "ckpt-2.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     before = (run_dir / "record.json").read_bytes()
@@ -150,7 +144,7 @@ def test_a_damaged_pytorch_checkpoint_is_refused_before_torch_or_the_data_proces
 
     pytorch = dataclasses.replace(backends.get("pytorch"), _load=never, _build_trainer=never)
     monkeypatch.setitem(backends._BACKENDS, "pytorch", pytorch)
-    run_dir = _copy(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     checkpoint = run_dir / "checkpoints" / "ckpt-2.pt"
     damage(checkpoint)
     assert main(["train", "--resume", str(run_dir), "--power-hz", "0"]) == 2
@@ -159,7 +153,7 @@ def test_a_damaged_pytorch_checkpoint_is_refused_before_torch_or_the_data_proces
 
 
 def test_resuming_with_the_other_framework_is_one_line(torch_installed, stopped_run, tmp_path):
-    run_dir = _copy(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     result = train("--resume", str(run_dir), "--framework", "tensorflow")
     assert result.returncode == 2
     assert result.stderr.strip() == (

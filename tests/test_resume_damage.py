@@ -24,6 +24,7 @@ from hpcai500_tf.run.progress import Progress
 from hpcai500_tf.run.record import make_record
 
 from . import test_hardening  # noqa: F401  (loads the Hypothesis profile)
+from .conftest import copy_run
 from .test_train import StopBeforeEpoch
 
 RESUME = ["train", "--resume", "{}", "--power-hz", "0"]
@@ -40,12 +41,6 @@ def stopped_run(tmp_path_factory) -> Path:
     stopped, path = run.run_benchmark(setup, None, out, view=[StopBeforeEpoch(4)], power_hz=0)
     assert stopped["status"] == "stopped" and len(stopped["timeline"]["epochs"]) == 3
     return path.parent
-
-
-def copy_of(run_dir: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, symlinks=True)
-    return copy
 
 
 def contents(run_dir: Path) -> dict:
@@ -197,7 +192,7 @@ def test_a_damaged_run_directory_is_refused_in_one_line_and_left_as_it_was(
     stopped_run, tmp_path, capsys, kind
 ):
     damage, message = DAMAGE[kind]
-    run_dir = copy_of(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     damage(run_dir)
     before = contents(run_dir)
     assert main([part.format(run_dir) for part in RESUME]) == 2
@@ -212,7 +207,7 @@ def test_a_state_that_names_another_epoch_than_its_checkpoint_holds_is_refused(
 ):
     """The checkpoint holds its own epoch count: a state (and file names) made to say 2 epochs
     over a checkpoint of 3 is refused naming both, before training."""
-    run_dir = copy_of(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     for path in (run_dir / "checkpoints").iterdir():
         path.rename(path.with_name(path.name.replace("ckpt-3", "ckpt-2")))
 
@@ -234,7 +229,7 @@ def test_a_state_that_names_another_epoch_than_its_checkpoint_holds_is_refused(
 def test_a_moved_run_directory_resumes_from_its_own_checkpoint(stopped_run, tmp_path):
     """state.json names the checkpoint where it was written; the resume reads the one in the
     run directory as it is now (never another run's, wherever that path leads)."""
-    run_dir = copy_of(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     original = json.loads((run_dir / "state.json").read_text())["checkpoint"]
     assert not original.startswith(str(run_dir))
     assert main([part.format(run_dir) for part in RESUME]) == 0
@@ -249,7 +244,7 @@ def test_the_cli_checks_a_resume_once_and_hands_the_lifecycle_its_plan(
     framework loads); the lifecycle continues that plan and checks nothing of it again."""
     from hpcai500_tf.run.resume import Plan
 
-    run_dir = copy_of(stopped_run, tmp_path)
+    run_dir = copy_run(stopped_run, tmp_path)
     checked, given = [], []
     check_resumable = run_state.check_resumable
     monkeypatch.setattr(
@@ -271,7 +266,7 @@ def test_the_cli_checks_a_resume_once_and_hands_the_lifecycle_its_plan(
 def test_a_stopped_record_after_the_last_epoch_is_rebuilt_complete(tf_tiny, tmp_path):
     """A stop between the last checkpoint and the record leaves a stopped record of a run
     whose epochs are all done: the resume rebuilds it as completed, once; then it is done."""
-    run_dir = copy_of(tf_tiny[0].parent, tmp_path)  # the session's tiny run: its 2 epochs done
+    run_dir = copy_run(tf_tiny[0].parent, tmp_path)  # the session's tiny run: its 2 epochs done
     path = run_dir / "record.json"
     finished = record.load(path)
     assert finished["status"] == "completed" and len(finished["timeline"]["epochs"]) == 2
@@ -363,7 +358,7 @@ KINDS = ["fifo", "directory", "file", "/dev/zero", "/nowhere", "loop"]
 
 @given(name=st.sampled_from(sorted(run_state.RUN_FILES)), kind=st.sampled_from(KINDS))
 def test_any_file_of_the_wrong_kind_is_refused_naming_it(stopped_run, tmp_path_factory, name, kind):
-    run_dir = copy_of(stopped_run, tmp_path_factory.mktemp("kind"))
+    run_dir = copy_run(stopped_run, tmp_path_factory.mktemp("kind"))
     expected = run_state.RUN_FILES[name]
     if kind == "loop":
         kind = str(run_dir / name)  # a link to itself
