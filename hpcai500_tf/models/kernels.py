@@ -25,9 +25,9 @@ The CPU workarounds, each with the measurements that justify it (on this project
   takes about 5x as long there as at 56x56x64 for the same FLOPs
   (`benchmarks/filter_gradient.py --kernel 3`).
 - The strided counterpart (`strided_small_bfloat16_conv`, which models/resnet.py's
-  CPUSymmetricPaddingConv2D takes): the bfloat16 3x3 stride-2 layer with a 7x7 output takes
-  its filter gradient from four matmuls over 2x2 blocks of its input: 2.9x faster than
-  oneDNN's there, the layer's forward and backward 2x, on a Zen 5 EPYC
+  CPUSymmetricPaddingConv2D can take): four matmuls over 2x2 blocks of the input for a
+  bfloat16 3x3 stride-2 layer with a small output; off by default
+  (`SPACE_TO_DEPTH_MAX_OUTPUT`): its layer ran 2x faster on a Zen 5 EPYC, the whole step not
   (docs/performance.md).
 - `ReLU` computes the bfloat16 ReLU as an int16 max over the bits: 4.5 ms instead of
   TensorFlow's 21 ms at 32x56x56x256, 4.3 % of the bfloat16 ResNet-50 train step at batch 32.
@@ -175,11 +175,12 @@ def _takes_shifted_gradient(inputs, kernel_size) -> bool:
 
 
 # bfloat16 3x3 stride-2 convolutions with outputs no larger than this (height and width) take
-# their filter gradient from `space_to_depth_filter_gradient`: ResNet-50's strided layer of the
-# last stage. Measured on a Zen 5 EPYC (2 cores, batch 32) against Conv2DBackpropFilter: 2.9x
-# at 7x7 outputs (14x14x512 in), 1.2x at 14x14, 0.76x at 28x28; only the 7x7 case is taken,
-# as for the stride-1 layers (SHIFTED_GRADIENT_MAX_SIZE), which AMX was measured on.
-SPACE_TO_DEPTH_MAX_OUTPUT = 7
+# their filter gradient from `space_to_depth_filter_gradient`. Off (0): on a Zen 5 EPYC (2
+# cores, batch 32) it ran 2.9x Conv2DBackpropFilter at 7x7 outputs (ResNet-50's last strided
+# layer) and the layer 2x, but the whole bf16 step's median was 1.7-2.8 % slower with it at 7
+# in three runs (`benchmarks/shifted_gradient_step.py --workaround space-to-depth`, which
+# turns it on): a CPU with AMX decides whether it is set to 7 (docs/performance.md).
+SPACE_TO_DEPTH_MAX_OUTPUT = 0
 
 
 @tf.custom_gradient
