@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from resnet_step import benchmark_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,7 +55,6 @@ def bn_key(height, width, channels) -> str:
 def tf_layer_times(precision: str, batch: int, repeats: int) -> dict:
     """{key: {"count", "flops", "forward", "backward"}} for the TensorFlow model's layers."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import keras
     import tensorflow as tf
     from resnet_step import reference_engine
@@ -202,12 +203,7 @@ def run_one(framework: str, args) -> dict:
         "--repeats",
         str(args.repeats),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    if args.keep_freed_memory:
-        env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**40))
+    env = benchmark_env(ROOT, args.keep_freed_memory)
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{framework} failed:\n{result.stderr[-2000:]}")

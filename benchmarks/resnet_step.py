@@ -1,9 +1,26 @@
 """The ResNet-50 v1.5 step the step benchmarks time: the reference preset on random data at a
 given batch, image size and precision, on the default strategy (one replica), built as `train`
-builds it; shared by step_profile.py, train_step_vs_pytorch.py and shifted_gradient_step.py.
+builds it; shared by step_profile.py, train_step_vs_pytorch.py, layers_vs_pytorch.py and
+shifted_gradient_step.py, with the environment their child processes run in.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# What glibc is told to keep freed memory (no mmap, no trim): `--keep-freed-memory`.
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+
+
+def benchmark_env(root: Path, keep_freed_memory: bool) -> dict:
+    """The environment of a benchmark's child process: the project imported from `root`, and
+    glibc keeping freed memory where asked."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    return {**env, **KEEP_FREED_MEMORY} if keep_freed_memory else env
 
 
 def reference_engine(precision: str, batch: int, image_size: int, overrides=()):

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from resnet_step import benchmark_env
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "baseline"  # the TensorFlow step of the checkout at --baseline
 
@@ -116,12 +118,7 @@ def run_one(framework: str, precision: str, args) -> dict:
         "--warmup",
         str(args.warmup),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    if args.keep_freed_memory:
-        env.update(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**40))
+    env = benchmark_env(root, args.keep_freed_memory)
     result = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{framework} {precision} failed:\n{result.stderr[-2000:]}")

@@ -327,17 +327,9 @@ def test_shifted_filter_gradient_is_tensorflows_filter_gradient(kernel_size):
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("size,shifted", [(1, True), (7, True), (8, False)])
-def test_small_bfloat16_3x3_conv_takes_the_shifted_gradient_and_trains(size, shifted):
-    """bfloat16 3x3 stride-1 layers up to 7x7 take the shifted filter gradient (a graph
-    without Conv2DBackpropFilter); theirs is within bfloat16 rounding of the exact one: 5 % of
-    the sum of the products' magnitudes, as for the 1x1 layers."""
-    initializer = keras.initializers.GlorotUniform(seed=12)
-    layer = kernels.Conv2D(
-        4, 3, padding="same", use_bias=False, kernel_initializer=initializer,
-        dtype="mixed_bfloat16",
-    )  # fmt: skip
-    x = tf.cast(tf.random.stateless_normal([2, size, size, 3], [5, 6]), tf.bfloat16)
+def _traced_kernel_gradient(layer, x):
+    """The layer's output on `x`, the gradient of sum(y^2) by its kernel, and the op types of
+    the traced graph (its functions' too)."""
 
     @tf.function
     def gradient_of(x):
@@ -350,6 +342,22 @@ def test_small_bfloat16_3x3_conv_takes_the_shifted_gradient_and_trains(size, shi
     graph = gradient_of.get_concrete_function(x).graph.as_graph_def()
     op_types = {node.op for node in graph.node}
     op_types |= {node.op for function in graph.library.function for node in function.node_def}
+    return y, gradient, op_types
+
+
+@pytest.mark.parametrize("size,shifted", [(1, True), (7, True), (8, False)])
+def test_small_bfloat16_3x3_conv_takes_the_shifted_gradient_and_trains(size, shifted):
+    """bfloat16 3x3 stride-1 layers up to 7x7 take the shifted filter gradient (a graph
+    without Conv2DBackpropFilter); theirs is within bfloat16 rounding of the exact one: 5 % of
+    the sum of the products' magnitudes, as for the 1x1 layers."""
+    initializer = keras.initializers.GlorotUniform(seed=12)
+    layer = kernels.Conv2D(
+        4, 3, padding="same", use_bias=False, kernel_initializer=initializer,
+        dtype="mixed_bfloat16",
+    )  # fmt: skip
+    x = tf.cast(tf.random.stateless_normal([2, size, size, 3], [5, 6]), tf.bfloat16)
+
+    y, gradient, op_types = _traced_kernel_gradient(layer, x)
     assert ("Conv2DBackpropFilter" not in op_types) == shifted
     inputs, upstream = tf.cast(x, tf.float32), 2 * tf.cast(y, tf.float32)
     products = [
@@ -414,17 +422,7 @@ def test_small_strided_bfloat16_3x3_conv_takes_the_blocked_gradient_and_trains(
     )  # fmt: skip
     x = tf.cast(tf.random.stateless_normal([2, size, size, 3], [5, 6]), tf.bfloat16)
 
-    @tf.function
-    def gradient_of(x):
-        with tf.GradientTape() as tape:
-            y = layer(x)
-            loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
-        return y, tape.gradient(loss, layer.kernel)
-
-    y, gradient = gradient_of(x)
-    graph = gradient_of.get_concrete_function(x).graph.as_graph_def()
-    op_types = {node.op for node in graph.node}
-    op_types |= {node.op for function in graph.library.function for node in function.node_def}
+    y, gradient, op_types = _traced_kernel_gradient(layer, x)
     assert ("Conv2DBackpropFilter" not in op_types) == blocked
     padded = tf.pad(tf.cast(x, tf.float32), [[0, 0], [1, 1], [1, 1], [0, 0]])
     upstream = 2 * tf.cast(y, tf.float32)
