@@ -91,12 +91,12 @@ def test_auto_resolves_to_the_workarounds_on_a_cpu_only_machine(monkeypatch):
     assert kernels.resolve("auto") == "gpu-fused-batch-norm"
     assert kernels.layer_set("auto") == (
         "gpu-fused-batch-norm", keras.layers.Conv2D, kernels.FusedBatchNorm, keras.layers.ReLU,
-        keras.layers.ReLU,
+        keras.layers.ReLU, kernels.SymmetricPaddingConv2D,
     )  # fmt: skip
     assert kernels.resolve("stock") == "stock"
     assert kernels.layer_set("stock") == (
         "stock", keras.layers.Conv2D, keras.layers.BatchNormalization, keras.layers.ReLU,
-        keras.layers.ReLU,
+        keras.layers.ReLU, kernels.SymmetricPaddingConv2D,
     )  # fmt: skip
 
 
@@ -416,7 +416,7 @@ def test_small_strided_bfloat16_3x3_conv_takes_the_blocked_gradient_and_trains(
     outputs up to 7x7 take the blocked filter gradient (no Conv2DBackpropFilter in the graph),
     within bfloat16 rounding of the exact one (5 % of the sum of the products' magnitudes)."""
     monkeypatch.setattr(kernels, "SPACE_TO_DEPTH_MAX_OUTPUT", 7)
-    layer = resnet.CPUSymmetricPaddingConv2D(
+    layer = kernels.CPUSymmetricPaddingConv2D(
         4, 3, strides=2, padding="same", use_bias=False, dtype="mixed_bfloat16",
         kernel_initializer=keras.initializers.GlorotUniform(seed=12),
     )  # fmt: skip

@@ -223,7 +223,7 @@ def test_keras_same_padding_reads_one_pixel_further_on_even_inputs():
 def test_the_symmetric_padding_trains_in_bfloat16_over_one_column():
     """The shapes where oneDNN's bfloat16 filter gradient of a 'same' convolution is garbage
     (tests/test_kernels.py): the explicit padding gives finite, right gradients there."""
-    from hpcai500_tf.models.resnet import SymmetricPaddingConv2D
+    from hpcai500_tf.models.kernels import SymmetricPaddingConv2D
 
     for height, k in ((1, 3), (2, 3), (3, 7)):
         x = tf.random.stateless_normal([32, height, 1, 16], [1, 2])

@@ -24,8 +24,8 @@ The CPU workarounds, each with the measurements that justify it (on this project
   kernel tap: 3.8-4.5x faster than oneDNN's bfloat16 Conv2DBackpropFilter at 7x7x512, which
   takes about 5x as long there as at 56x56x64 for the same FLOPs
   (`benchmarks/filter_gradient.py --kernel 3`).
-- The strided counterpart (`strided_small_bfloat16_conv`, which models/resnet.py's
-  CPUSymmetricPaddingConv2D can take): four matmuls over 2x2 blocks of the input for a
+- The strided counterpart (`strided_small_bfloat16_conv`, which the CPU set's
+  `CPUSymmetricPaddingConv2D` takes): four matmuls over 2x2 blocks of the input for a
   bfloat16 3x3 stride-2 layer with a small output; off by default
   (`SPACE_TO_DEPTH_MAX_OUTPUT`): its layer ran 2x faster on a Zen 5 EPYC, the whole step not
   (docs/performance.md).
@@ -37,6 +37,9 @@ The CPU workarounds, each with the measurements that justify it (on this project
   activations with float32 statistics, where Keras 3 computes moments and normalisation as
   separate ops with casts around them under mixed precision.
 
+Every set pads its strided convolutions wider than 1x1, where a model asks for the
+reference's padding, with a `SymmetricPaddingConv2D` (pad, then VALID).
+
 A model asks `layer_set(choice)` for its layer classes, each called with Keras' own arguments;
 the record's L7 names what ran as `resolve(choice)` gives it.
 """
@@ -47,7 +50,7 @@ from typing import NamedTuple
 
 import keras
 import tensorflow as tf
-from keras import layers
+from keras import layers, ops
 
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.models.kernel_choices import KERNEL_CHOICES
@@ -277,6 +280,59 @@ class Conv2D(layers.Conv2D):
         return super().call(inputs)
 
 
+# ------------------------------------------------------------------ padded as the reference pads
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class SymmetricPaddingConv2D(layers.Conv2D):
+    """A strided convolution padded as the reference pads it: (k - 1) // 2 before and the rest
+    after, in each spatial dimension, then no padding (NVIDIA's `conv2d_block`, mode
+    "SAME_RESNET": `tf.pad`, then a VALID convolution, as here). Keras's "same" puts the odd
+    pixel of padding after instead: on even inputs it pads one pixel less before, so every
+    output reads its inputs one pixel further on. The output size is "same"'s
+    (ceil(n / stride)), so the layer keeps `padding="same"` for its shape.
+
+    Not the convolution op's own explicit padding: on CPUs TensorFlow runs that outside
+    oneDNN, 1.4-1.6x slower than "same" in float32 and 40-100x in bfloat16 (the strided 3x3
+    and 7x7 layers of ResNet-50 at batch 32, forward and both gradients, 2-core AMX Xeon);
+    the separate pad takes 0.8-1.2x of "same"'s time there (1.4x for the 7x7 stem in bfloat16,
+    whose input gradient training does not compute)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.padding != "same" or any(rate != 1 for rate in self.dilation_rate):
+            raise ValueError("SymmetricPaddingConv2D takes padding='same' and no dilation")
+
+    def pads(self) -> list[list[int]]:
+        """[before, after] of each spatial dimension."""
+        return [[(k - 1) // 2, k - 1 - (k - 1) // 2] for k in self.kernel_size]
+
+    def convolution_op(self, inputs, kernel):
+        spatial = self.pads()
+        channels_last = self.data_format == "channels_last"
+        padding = [[0, 0], *spatial, [0, 0]] if channels_last else [[0, 0], [0, 0], *spatial]
+        return self.valid_convolution(ops.pad(inputs, padding), kernel)
+
+    def valid_convolution(self, padded, kernel):
+        return ops.conv(
+            padded, kernel, strides=list(self.strides), padding="valid",
+            data_format=self.data_format,
+        )  # fmt: skip
+
+
+@keras.saving.register_keras_serializable("hpcai500_tf")
+class CPUSymmetricPaddingConv2D(SymmetricPaddingConv2D):
+    """The CPU kernel set's: a bfloat16 3x3 stride-2 layer over a small output takes its filter
+    gradient from 2x2 blocks of its input (`strided_small_bfloat16_conv`), when
+    SPACE_TO_DEPTH_MAX_OUTPUT turns it on (off by default: then it is its parent)."""
+
+    def valid_convolution(self, padded, kernel):
+        channels_last = self.data_format == "channels_last"
+        if channels_last and takes_space_to_depth_gradient(padded, self.kernel_size, self.strides):
+            return strided_small_bfloat16_conv(padded, tf.cast(kernel, padded.dtype))
+        return super().valid_convolution(padded, kernel)
+
+
 # ------------------------------------------------------------------ ReLU
 
 
@@ -414,14 +470,29 @@ class LayerSet(NamedTuple):
     batch_norm: type[layers.Layer]  # momentum, epsilon, gamma_initializer, name
     relu: type[layers.ReLU]
     residual_relu: type[layers.ReLU]
+    padded_conv: type[SymmetricPaddingConv2D]  # strided, wider than 1x1, padded as the reference
 
 
 _LAYER_SETS = {
-    CPU_WORKAROUNDS: LayerSet(CPU_WORKAROUNDS, Conv2D, FusedBatchNorm, layers.ReLU, ReLU),
-    GPU_FUSED_BATCH_NORM: LayerSet(
-        GPU_FUSED_BATCH_NORM, layers.Conv2D, FusedBatchNorm, layers.ReLU, layers.ReLU
+    CPU_WORKAROUNDS: LayerSet(
+        CPU_WORKAROUNDS, Conv2D, FusedBatchNorm, layers.ReLU, ReLU, CPUSymmetricPaddingConv2D
     ),
-    STOCK: LayerSet(STOCK, layers.Conv2D, layers.BatchNormalization, layers.ReLU, layers.ReLU),
+    GPU_FUSED_BATCH_NORM: LayerSet(
+        GPU_FUSED_BATCH_NORM,
+        layers.Conv2D,
+        FusedBatchNorm,
+        layers.ReLU,
+        layers.ReLU,
+        SymmetricPaddingConv2D,
+    ),
+    STOCK: LayerSet(
+        STOCK,
+        layers.Conv2D,
+        layers.BatchNormalization,
+        layers.ReLU,
+        layers.ReLU,
+        SymmetricPaddingConv2D,
+    ),
 }
 
 

@@ -13,16 +13,9 @@ Three forms are parameters, each the reference's by default for the classifier
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
-from keras import layers, ops
+from keras import layers
 
-from hpcai500_tf.models.kernels import (
-    CPU_WORKAROUNDS,
-    LayerSet,
-    layer_set,
-    strided_small_bfloat16_conv,
-    takes_space_to_depth_gradient,
-)
+from hpcai500_tf.models.kernels import LayerSet, layer_set
 
 STAGE_FILTERS = (64, 128, 256, 512)
 RESNET50_BLOCKS = (3, 4, 6, 3)
@@ -38,55 +31,6 @@ def _he_fan_out():
     return keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
 
 
-@keras.saving.register_keras_serializable("hpcai500_tf")
-class SymmetricPaddingConv2D(layers.Conv2D):
-    """A strided convolution padded as the reference pads it: (k - 1) // 2 before and the rest
-    after, in each spatial dimension, then no padding (NVIDIA's `conv2d_block`, mode
-    "SAME_RESNET": `tf.pad`, then a VALID convolution, as here). Keras's "same" puts the odd
-    pixel of padding after instead: on even inputs it pads one pixel less before, so every
-    output reads its inputs one pixel further on. The output size is "same"'s
-    (ceil(n / stride)), so the layer keeps `padding="same"` for its shape.
-
-    Not the convolution op's own explicit padding: on CPUs TensorFlow runs that outside
-    oneDNN, 1.4-1.6x slower than "same" in float32 and 40-100x in bfloat16 (the strided 3x3
-    and 7x7 layers of ResNet-50 at batch 32, forward and both gradients, 2-core AMX Xeon);
-    the separate pad takes 0.8-1.2x of "same"'s time there (1.4x for the 7x7 stem in bfloat16,
-    whose input gradient training does not compute)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.padding != "same" or any(rate != 1 for rate in self.dilation_rate):
-            raise ValueError("SymmetricPaddingConv2D takes padding='same' and no dilation")
-
-    def pads(self) -> list[list[int]]:
-        """[before, after] of each spatial dimension."""
-        return [[(k - 1) // 2, k - 1 - (k - 1) // 2] for k in self.kernel_size]
-
-    def convolution_op(self, inputs, kernel):
-        spatial = self.pads()
-        channels_last = self.data_format == "channels_last"
-        padding = [[0, 0], *spatial, [0, 0]] if channels_last else [[0, 0], [0, 0], *spatial]
-        return self.valid_convolution(ops.pad(inputs, padding), kernel)
-
-    def valid_convolution(self, padded, kernel):
-        return ops.conv(
-            padded, kernel, strides=list(self.strides), padding="valid",
-            data_format=self.data_format,
-        )  # fmt: skip
-
-
-@keras.saving.register_keras_serializable("hpcai500_tf")
-class CPUSymmetricPaddingConv2D(SymmetricPaddingConv2D):
-    """The CPU kernel set's: a bfloat16 3x3 stride-2 layer over a small output takes its filter
-    gradient from 2x2 blocks of its input (`kernels.strided_small_bfloat16_conv`)."""
-
-    def valid_convolution(self, padded, kernel):
-        channels_last = self.data_format == "channels_last"
-        if channels_last and takes_space_to_depth_gradient(padded, self.kernel_size, self.strides):
-            return strided_small_bfloat16_conv(padded, tf.cast(kernel, padded.dtype))
-        return super().valid_convolution(padded, kernel)
-
-
 def _conv(
     kernel_layers: LayerSet,
     filters: int,
@@ -96,17 +40,12 @@ def _conv(
     padding: str = "same",
 ):
     """A bias-free convolution with He initialisation over the fan-out. Strided convolutions
-    wider than 1x1 pad as `padding` says ("symmetric": `SymmetricPaddingConv2D`; "same":
-    Keras's); the others pad alike either way."""
+    wider than 1x1 pad as `padding` says ("symmetric": the kernel set's `padded_conv`, a
+    `kernels.SymmetricPaddingConv2D`; "same": Keras's); the others pad alike either way."""
     if padding not in STRIDE_PADDINGS:
         raise ValueError(f"stride_padding must be one of {STRIDE_PADDINGS}, got {padding!r}")
     symmetric = padding == "symmetric" and strides > 1 and kernel > 1
-    strided = (
-        CPUSymmetricPaddingConv2D
-        if kernel_layers.name == CPU_WORKAROUNDS
-        else SymmetricPaddingConv2D
-    )
-    return (strided if symmetric else kernel_layers.conv)(
+    return (kernel_layers.padded_conv if symmetric else kernel_layers.conv)(
         filters,
         kernel,
         strides=strides,
