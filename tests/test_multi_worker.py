@@ -442,6 +442,22 @@ def test_data_that_cannot_be_sharded_is_refused_before_any_worker_starts(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_worker_srun_started_refuses_unshardable_config_before_reading_data(monkeypatch):
+    """A TensorFlow worker of two (TF_CONFIG, Slurm) refuses what the config alone shows
+    cannot be sharded once its strategy is made, before its workload reads any data."""
+    from hpcai500_tf.engine import run as engine_run
+
+    def never(*args, **kwargs):
+        raise AssertionError("the workload was built for data that cannot be sharded")
+
+    monkeypatch.setattr(engine_run.strategies, "make_strategy", lambda *args: object())
+    monkeypatch.setattr(engine_run.strategies, "describe", lambda *args: ({}, 2, 1))
+    monkeypatch.setattr(engine_run, "build_workload", never)
+    setup = config.prepare("image_classification", "tiny", ["data.eval_examples=1"])
+    with pytest.raises(UserError, match="^1 evaluation examples cannot be sharded to 2 workers$"):
+        engine_run.build_engine(setup, None)
+
+
 def test_the_evaluation_examples_a_config_fixes_are_those_its_workload_uses():
     """What the launcher checks (workload_config.configured_eval_examples) is the workload's
     own count where the config fixes it; None where the data is counted (TFRecords, files)."""

@@ -219,6 +219,30 @@ def test_a_worker_alone_is_told_in_one_line_whom_it_could_not_reach(torch_instal
     assert "within 2s: " in message and len(message.splitlines()) == 1
 
 
+def test_a_torchrun_worker_refuses_unshardable_config_before_the_rendezvous(
+    tmp_path, torch_installed
+):
+    """Rank 0 of two, alone (torchrun's environment, no peer): what the config alone shows
+    cannot be sharded is refused in one line at once, not after waiting for the peer, and
+    nothing is written."""
+    env = {
+        **os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(local_workers.free_ports(1)[0]),
+        "TORCHELASTIC_RUN_ID": "none",
+    }  # fmt: skip
+    command = [
+        sys.executable, "-m", "hpcai500_tf.cli", "train", "image_classification",
+        "--preset", "tiny", "--framework", "pytorch", "--out", str(tmp_path / "out"),
+        "--set", "data.eval_examples=1", "--set", "communication.join_timeout_s=60",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "hpcai500-tf: error: 1 evaluation examples cannot be sharded to 2 workers"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_uneven_shards_are_gathered_into_evaluation_order(torch_installed):
     """An ensemble member's evaluation on two workers (pytorch/train.py `_gathered`): 26
     and 25 rows, padded for the all-gather and cut back, interleaved into examples 0..50."""

@@ -32,6 +32,7 @@ from hpcai500_tf.run.trainer import (
     Trainer,
     flops_block,
     refuse_disagreeing_workers,
+    refuse_unshardable_config,
     refuse_unshardable_evaluation,
 )
 from hpcai500_tf.workloads import build_workload
@@ -62,6 +63,9 @@ def build_engine(setup: Setup, data_dir: str | None) -> TensorFlowTrainer:
     """The strategy (before any other TensorFlow op), the workload and the trainer over them,
     not yet checked against its devices or its peers (`build_trainer` does that)."""
     strategy = strategies.make_strategy(setup.training.strategy, setup.communication)
+    _, workers, _ = strategies.describe(strategy, setup.training.strategy)
+    if workers > 1:  # before the workload reads its data
+        refuse_unshardable_config(setup, workers)
     workload = build_workload(setup.benchmark.name, setup.config, data_dir)
     return TensorFlowTrainer(setup, workload, strategy)
 

@@ -62,6 +62,7 @@ from hpcai500_tf.run.trainer import (
     flops_block,
     full_batch_steps,
     refuse_disagreeing_workers,
+    refuse_unshardable_config,
     refuse_unshardable_evaluation,
 )
 
@@ -178,6 +179,8 @@ class TorchTrainer(Trainer):
                 "the PyTorch runner trains one device per process: several run as several "
                 "workers (--workers N, torchrun or srun)"
             )
+        if self.workers > 1:  # before the rendezvous and the data
+            refuse_unshardable_config(setup, self.workers)
         timeout_s = setup.communication.timeout_s or 1800.0
         join_s = setup.communication.join_timeout_s if self.placement.several else 0
         message = (

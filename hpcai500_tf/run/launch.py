@@ -41,8 +41,7 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
 from hpcai500_tf.run import directory as run_directory
 from hpcai500_tf.run.directory import INHERITED_LOCK, RunDirectory
-from hpcai500_tf.run.trainer import refuse_unshardable_evaluation
-from hpcai500_tf.workload_config import configured_eval_examples
+from hpcai500_tf.run.trainer import refuse_unshardable_config
 
 TERM_GRACE_S = 5.0
 DEFAULT_FAILURE_GRACE_S = 30.0
@@ -186,11 +185,7 @@ def launch(
         raise UserError(f"--workers must be in [2, {MAX_WORKERS}] to launch several, got {workers}")
     if "TF_CONFIG" in os.environ:
         raise UserError("TF_CONFIG is set: start each worker yourself, or unset it for --workers")
-    # What the config alone shows cannot be sharded, refused before any worker starts (each
-    # worker checks again once its data is counted).
-    known = configured_eval_examples(setup.benchmark.name, setup.config)
-    if known is not None:
-        refuse_unshardable_evaluation(known, workers)
+    refuse_unshardable_config(setup, workers)  # before any worker starts
     backend = backends.get(framework)
     environments, ports, gpus = backend.worker_environments(setup, workers, os.environ)
     run_dir = RunDirectory(resume) if resume else None

@@ -21,6 +21,7 @@ from hpcai500_tf import benchmark_layers
 from hpcai500_tf.cluster import machine
 from hpcai500_tf.config import Setup
 from hpcai500_tf.errors import UserError, first_line
+from hpcai500_tf.workload_config import configured_eval_examples
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,16 @@ def refuse_unshardable_evaluation(eval_examples: int, workers: int) -> None:
         raise UserError(
             f"{eval_examples} evaluation examples cannot be sharded to {workers} workers"
         )
+
+
+def refuse_unshardable_config(setup: Setup, workers: int) -> None:
+    """What the config alone shows cannot be sharded to `workers` (the evaluation examples it
+    fixes), refused before any data is read or any peer joined: by the launcher before it
+    starts a worker, and by each worker that srun or torchrun started. Each worker checks
+    again once its data is counted (`refuse_unshardable_evaluation`)."""
+    known = configured_eval_examples(setup.benchmark.name, setup.config)
+    if known is not None:
+        refuse_unshardable_evaluation(known, workers)
 
 
 def refuse_disagreeing_workers(agreed: bool, config_id: str) -> None:
