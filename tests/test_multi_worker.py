@@ -444,7 +444,8 @@ def test_data_that_cannot_be_sharded_is_refused_before_any_worker_starts(
 
 def test_a_worker_srun_started_refuses_unshardable_config_before_reading_data(monkeypatch):
     """A TensorFlow worker of two (TF_CONFIG, Slurm) refuses what the config alone shows
-    cannot be sharded once its strategy is made, before its workload reads any data."""
+    cannot be sharded once its strategy is made, before its workload reads any data; a FLOPs
+    count (`hpcai500-tf flops`, the roofline), which does not evaluate, is not refused."""
     from hpcai500_tf.engine import run as engine_run
 
     def never(*args, **kwargs):
@@ -455,6 +456,8 @@ def test_a_worker_srun_started_refuses_unshardable_config_before_reading_data(mo
     monkeypatch.setattr(engine_run, "build_workload", never)
     setup = config.prepare("image_classification", "tiny", ["data.eval_examples=1"])
     with pytest.raises(UserError, match="^1 evaluation examples cannot be sharded to 2 workers$"):
+        engine_run.build_engine(setup, None, evaluates=True)
+    with pytest.raises(AssertionError, match="the workload was built"):  # a FLOPs count
         engine_run.build_engine(setup, None)
 
 

@@ -59,12 +59,14 @@ def end_worker(code: int) -> None:
         cluster.exit_without_shutdown(code)
 
 
-def build_engine(setup: Setup, data_dir: str | None) -> TensorFlowTrainer:
+def build_engine(setup: Setup, data_dir: str | None, evaluates: bool = False) -> TensorFlowTrainer:
     """The strategy (before any other TensorFlow op), the workload and the trainer over them,
-    not yet checked against its devices or its peers (`build_trainer` does that)."""
+    not yet checked against its devices or its peers (`build_trainer` does that). Where the
+    engine `evaluates` (a run, not a FLOPs count), what the config alone shows cannot be
+    sharded to the workers is refused before the workload reads any data."""
     strategy = strategies.make_strategy(setup.training.strategy, setup.communication)
     _, workers, _ = strategies.describe(strategy, setup.training.strategy)
-    if workers > 1:  # before the workload reads its data
+    if evaluates and workers > 1:
         refuse_unshardable_config(setup, workers)
     workload = build_workload(setup.benchmark.name, setup.config, data_dir)
     return TensorFlowTrainer(setup, workload, strategy)
@@ -155,7 +157,7 @@ class TensorFlowTrainer(Engine, Trainer):
 def build_trainer(setup: Setup, options: RunOptions, view=None) -> TensorFlowTrainer:
     """The strategy (before any other TensorFlow op), the trainer, its devices checked and,
     on several workers, that they agree on the config and can shard the data."""
-    trainer = build_engine(setup, options.data_dir)
+    trainer = build_engine(setup, options.data_dir, evaluates=True)
     chief_view = view if trainer.rank == 0 else None
     warnings = devices.check_devices(
         trainer.strategy, options.allow_cpu, chief_view, trainer.policy

@@ -73,9 +73,10 @@ def refuse_unshardable_evaluation(eval_examples: int, workers: int) -> None:
 
 def refuse_unshardable_config(setup: Setup, workers: int) -> None:
     """What the config alone shows cannot be sharded to `workers` (the evaluation examples it
-    fixes), refused before any data is read or any peer joined: by the launcher before it
-    starts a worker, and by each worker that srun or torchrun started. Each worker checks
-    again once its data is counted (`refuse_unshardable_evaluation`)."""
+    fixes), refused before any data is read: by the launcher before it starts a worker, by a
+    PyTorch worker before its rendezvous, by a TensorFlow worker once its strategy has joined
+    the others. Each worker checks again once its data is counted
+    (`refuse_unshardable_evaluation`)."""
     known = configured_eval_examples(setup.benchmark.name, setup.config)
     if known is not None:
         refuse_unshardable_evaluation(known, workers)
