@@ -97,10 +97,11 @@ class ImageClassificationData:
             return bootstrap_problem("image_classification", self.source)
         return None
 
-    def configured_eval_examples(self) -> int | None:
-        """The evaluation examples the config alone fixes (generated data, or
-        data.eval_examples set over TFRecords); None where the validation shards' count is."""
-        return self.eval_examples or None
+    def configured_examples(self) -> tuple[int | None, int | None]:
+        """The (training, evaluation) examples the config alone fixes (generated data, or
+        data.train_examples / eval_examples set over TFRecords); None where the shards' count
+        is."""
+        return self.train_examples or None, self.eval_examples or None
 
 
 # The model's forms that the reference and this project's earlier recipe differ in, each with
@@ -197,10 +198,12 @@ class ExtremeWeatherData:
         """The examples random data (source = 'random') makes of `years`."""
         return (self.synthetic_samples or RANDOM_EPOCH) * len(years)
 
-    def configured_eval_examples(self) -> int | None:
-        """The evaluation examples the config alone fixes (random data); None where the
-        evaluation years' files are counted."""
-        return self.random_examples(self.eval_years) if self.source == "random" else None
+    def configured_examples(self) -> tuple[int | None, int | None]:
+        """The (training, evaluation) examples the config alone fixes (random data); None
+        where the years' files are counted."""
+        if self.source != "random":
+            return None, None
+        return self.random_examples(self.train_years), self.random_examples(self.eval_years)
 
 
 @dataclass(frozen=True)
@@ -264,12 +267,12 @@ SECTIONS = {
 }
 
 
-def configured_eval_examples(benchmark_name: str, run_config: dict) -> int | None:
-    """The evaluation examples a run config fixes before any data is read (None: counted
-    from the data by the workload), so that what cannot be sharded is refused before any
-    worker starts."""
+def configured_examples(benchmark_name: str, run_config: dict) -> tuple[int | None, int | None]:
+    """The (training, evaluation) examples a run config fixes before any data is read (None:
+    counted from the data by the workload), so that what cannot be sharded is refused before
+    any worker starts."""
     data, _ = data_and_model(benchmark_name, run_config)
-    return data.configured_eval_examples()
+    return data.configured_examples()
 
 
 def data_and_model(benchmark_name: str, run_config: dict):

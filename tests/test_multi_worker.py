@@ -415,18 +415,37 @@ def test_a_port_in_use_is_refused(tmp_path):
     )
 
 
+EIGHT_YEARS = "data.train_years=[1970, 1971, 1972, 1973, 1974, 1975, 1976, 1977]"
+RANDOM_WEATHER = ["data.source='random'", "data.synthetic_samples=1"]  # 1 example per year
+
+
 @pytest.mark.parametrize(
-    "benchmark, overrides",
+    "benchmark, overrides, refusal",
     [
-        ("image_classification", ["data.eval_examples=1"]),
-        ("extreme_weather", ["data.source='random'", "data.synthetic_samples=1"]),
+        (
+            "image_classification", ["data.eval_examples=1"],
+            "1 evaluation examples cannot be sharded to 2 workers",
+        ),
+        (
+            "extreme_weather", [*RANDOM_WEATHER, EIGHT_YEARS],
+            "1 evaluation examples cannot be sharded to 2 workers",
+        ),
+        (
+            "image_classification", ["data.train_examples=63"],
+            "63 training examples cannot be sharded to 2 workers of 32 examples per step each",
+        ),
+        (
+            "extreme_weather", RANDOM_WEATHER,
+            "1 training examples cannot be sharded to 2 workers of 4 examples per step each",
+        ),
     ],
-)
+)  # fmt: skip
 def test_data_that_cannot_be_sharded_is_refused_before_any_worker_starts(
-    tmp_path, capsys, monkeypatch, benchmark, overrides
+    tmp_path, capsys, monkeypatch, benchmark, overrides, refusal
 ):
-    """The config alone fixes the evaluation examples (1, for 2 workers): the launcher
-    refuses it in one line before it starts a worker or makes a run directory."""
+    """The config alone fixes the examples (1 to evaluate, or fewer to train than a batch of
+    the tiny preset's for each of 2 workers): the launcher refuses it in one line before it
+    starts a worker or makes a run directory."""
 
     def never(*args, **kwargs):
         raise AssertionError("a worker was started for data that cannot be sharded")
@@ -436,9 +455,7 @@ def test_data_that_cannot_be_sharded_is_refused_before_any_worker_starts(
     for override in overrides:
         argv += ["--set", override]
     assert main(argv) == 2
-    assert capsys.readouterr().err == (
-        "hpcai500-tf: error: 1 evaluation examples cannot be sharded to 2 workers\n"
-    )
+    assert capsys.readouterr().err == f"hpcai500-tf: error: {refusal}\n"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -461,24 +478,26 @@ def test_a_worker_srun_started_refuses_unshardable_config_before_reading_data(mo
         engine_run.build_engine(setup, None)
 
 
-def test_the_evaluation_examples_a_config_fixes_are_those_its_workload_uses():
-    """What the launcher checks (workload_config.configured_eval_examples) is the workload's
-    own count where the config fixes it; None where the data is counted (TFRecords, files)."""
-    from hpcai500_tf.workload_config import configured_eval_examples
+def test_the_examples_a_config_fixes_are_those_its_workload_uses():
+    """What the launcher checks (workload_config.configured_examples: training, evaluation)
+    is the workload's own count where the config fixes it; None where the data is counted
+    (TFRecords, files)."""
+    from hpcai500_tf.workload_config import configured_examples
     from hpcai500_tf.workloads.extreme_weather import ExtremeWeather
 
     def fixed(benchmark, overrides):
-        return configured_eval_examples(
-            benchmark, config.prepare(benchmark, "tiny", overrides).config
-        )
+        return configured_examples(benchmark, config.prepare(benchmark, "tiny", overrides).config)
 
-    assert fixed("image_classification", ["data.eval_examples=7"]) == 7
-    assert fixed("image_classification", ["data.source='imagenet'", "data.eval_examples=0"]) is None
-    assert fixed("extreme_weather", []) is None  # synthetic year files, counted
+    assert fixed("image_classification", ["data.eval_examples=7"]) == (256, 7)
+    imagenet = ["data.source='imagenet'", "data.eval_examples=0", "data.train_examples=0"]
+    assert fixed("image_classification", imagenet) == (None, None)
+    assert fixed("image_classification", [*imagenet[:2], "data.train_examples=9"]) == (9, None)
+    assert fixed("extreme_weather", []) == (None, None)  # synthetic year files, counted
     random = config.prepare("extreme_weather", "tiny", ["data.source='random'"]).config
-    assert (
-        fixed("extreme_weather", ["data.source='random'"])
-        == ExtremeWeather(random, None).eval_examples
+    workload = ExtremeWeather(random, None)
+    assert fixed("extreme_weather", ["data.source='random'"]) == (
+        workload.train_examples,
+        workload.eval_examples,
     )
 
 

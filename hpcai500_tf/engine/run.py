@@ -34,6 +34,7 @@ from hpcai500_tf.run.trainer import (
     refuse_disagreeing_workers,
     refuse_unshardable_config,
     refuse_unshardable_evaluation,
+    refuse_unshardable_training,
 )
 from hpcai500_tf.workloads import build_workload
 
@@ -245,11 +246,7 @@ def check_multi_worker(engine: Engine, config_id: str) -> None:
     """Refuse, on every worker, a run the workers disagree on or cannot shard."""
     workload, batch, workers = engine.workload, engine.training.batch_per_replica, engine.workers
     per_worker_replicas = engine.replicas // workers
-    if workload.train_examples // workers < batch * per_worker_replicas:
-        raise UserError(
-            f"{workload.train_examples} training examples cannot be sharded to {workers} "
-            f"workers of {batch * per_worker_replicas} examples per step each"
-        )
+    refuse_unshardable_training(workload.train_examples, workers, batch * per_worker_replicas)
     refuse_unshardable_evaluation(workload.eval_examples, workers)
     # Only the chief writes checkpoints: every variable here is mirrored (synchronised on
     # write), so a save reads the chief's own copy. One synchronised on read (a Keras metric's)

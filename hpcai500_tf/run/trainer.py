@@ -21,7 +21,7 @@ from hpcai500_tf import benchmark_layers
 from hpcai500_tf.cluster import machine
 from hpcai500_tf.config import Setup
 from hpcai500_tf.errors import UserError, first_line
-from hpcai500_tf.workload_config import configured_eval_examples
+from hpcai500_tf.workload_config import configured_examples
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,15 @@ def full_batch_steps(train_examples: int, global_batch: int) -> int:
     return steps
 
 
+def refuse_unshardable_training(train_examples: int, workers: int, worker_batch: int) -> None:
+    """Every worker takes a full batch of `worker_batch` examples (its replicas') a step."""
+    if train_examples // workers < worker_batch:
+        raise UserError(
+            f"{train_examples} training examples cannot be sharded to {workers} workers of "
+            f"{worker_batch} examples per step each"
+        )
+
+
 def refuse_unshardable_evaluation(eval_examples: int, workers: int) -> None:
     """Every worker evaluates its own part of the evaluation split: at least one example."""
     if eval_examples < workers:
@@ -72,14 +81,16 @@ def refuse_unshardable_evaluation(eval_examples: int, workers: int) -> None:
 
 
 def refuse_unshardable_config(setup: Setup, workers: int) -> None:
-    """What the config alone shows cannot be sharded to `workers` (the evaluation examples it
-    fixes), refused before any data is read: by the launcher before it starts a worker, by a
-    PyTorch worker before its rendezvous, by a TensorFlow worker once its strategy has joined
-    the others. Each worker checks again once its data is counted
-    (`refuse_unshardable_evaluation`)."""
-    known = configured_eval_examples(setup.benchmark.name, setup.config)
-    if known is not None:
-        refuse_unshardable_evaluation(known, workers)
+    """What the config alone shows cannot be sharded to `workers` (the training and
+    evaluation examples it fixes; a worker's batch is at least one replica's), refused before
+    any data is read: by the launcher before it starts a worker, by a PyTorch worker before
+    its rendezvous, by a TensorFlow worker once its strategy has joined the others. Each
+    worker checks again once its data is counted and its replicas known."""
+    training, evaluation = configured_examples(setup.benchmark.name, setup.config)
+    if training is not None:
+        refuse_unshardable_training(training, workers, setup.training.batch_per_replica)
+    if evaluation is not None:
+        refuse_unshardable_evaluation(evaluation, workers)
 
 
 def refuse_disagreeing_workers(agreed: bool, config_id: str) -> None:
