@@ -66,8 +66,8 @@ def build_engine(setup: Setup, data_dir: str | None, evaluates: bool = False) ->
     engine `evaluates` (a run, not a FLOPs count), what the config alone shows cannot be
     sharded to the workers is refused before the workload reads any data."""
     strategy = strategies.make_strategy(setup.training.strategy, setup.communication)
-    _, workers, _ = strategies.describe(strategy, setup.training.strategy)
-    if evaluates and workers > 1:
+    if evaluates:
+        _, workers, _ = strategies.describe(strategy, setup.training.strategy)
         refuse_unshardable_config(setup, workers)
     workload = build_workload(setup.benchmark.name, setup.config, data_dir)
     return TensorFlowTrainer(setup, workload, strategy)

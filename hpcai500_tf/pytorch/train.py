@@ -179,8 +179,7 @@ class TorchTrainer(Trainer):
                 "the PyTorch runner trains one device per process: several run as several "
                 "workers (--workers N, torchrun or srun)"
             )
-        if self.workers > 1:  # before the rendezvous and the data
-            refuse_unshardable_config(setup, self.workers)
+        refuse_unshardable_config(setup, self.workers)  # before the rendezvous and the data
         timeout_s = setup.communication.timeout_s or 1800.0
         join_s = setup.communication.join_timeout_s if self.placement.several else 0
         message = (

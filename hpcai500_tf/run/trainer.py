@@ -85,7 +85,10 @@ def refuse_unshardable_config(setup: Setup, workers: int) -> None:
     evaluation examples it fixes; a worker's batch is at least one replica's), refused before
     any data is read: by the launcher before it starts a worker, by a PyTorch worker before
     its rendezvous, by a TensorFlow worker once its strategy has joined the others. Each
-    worker checks again once its data is counted and its replicas known."""
+    worker checks again once its data is counted and its replicas known. One worker shards
+    nothing: its data is refused as a run's (`full_batch_steps`)."""
+    if workers < 2:
+        return
     training, evaluation = configured_examples(setup.benchmark.name, setup.config)
     if training is not None:
         refuse_unshardable_training(training, workers, setup.training.batch_per_replica)
