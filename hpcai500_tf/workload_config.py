@@ -253,7 +253,7 @@ class ExtremeWeatherModel:
 def _backbone_problem(model) -> str | None:
     """What is wrong with the ResNet backbone settings both models share, or None."""
     if model.kernels not in KERNEL_CHOICES:
-        return f"kernels must be {' or '.join(KERNEL_CHOICES)}, got '{model.kernels}'"
+        return f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got '{model.kernels}'"
     if not 0 < model.width <= 16 or len(model.blocks) != 4:
         return f"width must be in (0, 16] and blocks four counts, got {model.width}"
     if not 0 < model.bn_momentum < 1 or not 0 < model.bn_epsilon <= 1:

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from hpcai500_tf import benchmark_layers, config
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.models import kernels, resnet
+from hpcai500_tf.models import kernels, native, resnet
 from hpcai500_tf.workloads import build_workload
 
 
@@ -33,12 +33,12 @@ def _tiny_resnet(kernel_choice: str) -> keras.Model:
     )
 
 
-def _twin_resnets() -> tuple[keras.Model, keras.Model]:
-    """A tiny ResNet on the CPU workarounds and one on stock layers, with the same weights:
+def _twin_resnets(choice: str = "cpu-workarounds") -> tuple[keras.Model, keras.Model]:
+    """A tiny ResNet on a CPU kernel set and one on stock layers, with the same weights:
     random batch-norm scales, shifts and moving statistics, so that each path matters, and
     logits of order 10 (not 0.1), so that the tolerances below are tight."""
     keras.utils.set_random_seed(0)  # the convolution kernels too: the same draw in any order
-    workarounds, stock = _tiny_resnet("cpu-workarounds"), _tiny_resnet("stock")
+    workarounds, stock = _tiny_resnet(choice), _tiny_resnet("stock")
     for index, variable in enumerate(workarounds.weights):
         seed = [index, 1]
         if variable.path == "logits/kernel":
@@ -54,9 +54,22 @@ def _twin_resnets() -> tuple[keras.Model, keras.Model]:
     return workarounds, stock
 
 
-def test_stock_and_cpu_workarounds_give_the_same_logits_and_gradients(float32_policy):
-    workarounds, stock = _twin_resnets()
-    workaround_classes = {kernels.Conv2D, kernels.FusedBatchNorm, kernels.ReLU}
+NATIVE_CLASSES = {kernels.Conv2D, kernels.NativeBatchNorm}
+CPU_SETS = [
+    ("cpu-workarounds", {kernels.Conv2D, kernels.FusedBatchNorm, kernels.ReLU}),
+    pytest.param(
+        "cpu-native-batch-norm",
+        NATIVE_CLASSES,
+        marks=pytest.mark.skipif(native.unavailable() is not None, reason="no C++ compiler"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("choice", "workaround_classes"), CPU_SETS)
+def test_stock_and_a_cpu_set_give_the_same_logits_and_gradients(
+    float32_policy, choice, workaround_classes
+):
+    workarounds, stock = _twin_resnets(choice)
     assert workaround_classes <= {type(layer) for layer in workarounds.layers}
     assert not workaround_classes & {type(layer) for layer in stock.layers}
     assert resnet.analytical_forward_flops(workarounds) == resnet.analytical_forward_flops(stock)
@@ -81,22 +94,29 @@ def test_stock_and_cpu_workarounds_give_the_same_logits_and_gradients(float32_po
         assert float(tf.norm(ours - theirs)) / scale < 5e-3, variable.path
 
 
-def test_auto_resolves_to_the_workarounds_on_a_cpu_only_machine(monkeypatch):
-    sees_gpu = bool(tf.config.get_visible_devices("GPU"))
-    assert kernels.resolve("auto") == ("gpu-fused-batch-norm" if sees_gpu else "cpu-workarounds")
+def test_auto_resolves_by_the_device_and_the_cpu(monkeypatch):
     monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [])
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2", "avx512f"})
     assert kernels.resolve("auto") == "cpu-workarounds"
     assert kernels.layer_set("auto").batch_norm is kernels.FusedBatchNorm
+    # A CPU with AMX, where the native batch norm was measured: taken where it builds,
+    # never with XLA.
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_bf16"})
+    builds = native.unavailable() is None
+    assert kernels.resolve("auto") == ("cpu-native-batch-norm" if builds else "cpu-workarounds")
+    assert kernels.resolve("auto", xla=True) == "cpu-workarounds"
+    monkeypatch.setattr(native, "unavailable", lambda: "no C++ compiler (g++)")
+    assert kernels.resolve("auto") == "cpu-workarounds"
     monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: ["GPU:0"])
     assert kernels.resolve("auto") == "gpu-fused-batch-norm"
     assert kernels.layer_set("auto") == (
         "gpu-fused-batch-norm", keras.layers.Conv2D, kernels.FusedBatchNorm, keras.layers.ReLU,
-        keras.layers.ReLU, kernels.SymmetricPaddingConv2D,
+        keras.layers.ReLU, kernels.SymmetricPaddingConv2D, False,
     )  # fmt: skip
     assert kernels.resolve("stock") == "stock"
     assert kernels.layer_set("stock") == (
         "stock", keras.layers.Conv2D, keras.layers.BatchNormalization, keras.layers.ReLU,
-        keras.layers.ReLU, kernels.SymmetricPaddingConv2D,
+        keras.layers.ReLU, kernels.SymmetricPaddingConv2D, False,
     )  # fmt: skip
 
 
@@ -109,7 +129,8 @@ def test_an_unknown_kernels_value_is_refused_in_one_line_naming_it():
             config.prepare(benchmark, "tiny", ["model.kernels=fast"])
         message = str(error.value)
         assert "\n" not in message and "kernels" in message, message
-        assert "must be auto or stock, got 'fast'" in message, message
+        assert "must be one of auto, stock, cpu-workarounds" in message, message
+        assert "got 'fast'" in message, message
 
 
 @pytest.mark.parametrize("choice", ["auto", "stock"])

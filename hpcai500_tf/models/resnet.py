@@ -57,22 +57,38 @@ def _conv(
 
 
 def _batch_norm(
-    kernel_layers: LayerSet, name: str, momentum: float, epsilon: float, zero_gamma=False
+    kernel_layers: LayerSet,
+    name: str,
+    momentum: float,
+    epsilon: float,
+    zero_gamma=False,
+    **folded,
 ):
+    """A batch norm of the set; `folded` (relu, residual) only for a set that folds them."""
     return kernel_layers.batch_norm(
         momentum=momentum,
         epsilon=epsilon,
         gamma_initializer="zeros" if zero_gamma else "ones",
         name=name,
+        **folded,
     )
+
+
+def _batch_norm_relu(x, kernel_layers: LayerSet, name: str, bn: dict):
+    """Batch norm `{name}_bn`, then ReLU `{name}_relu`; where the set folds the ReLU into its
+    batch norm's kernel (`folds_into_batch_norm`), an identity stands in the ReLU's place."""
+    if kernel_layers.folds_into_batch_norm:
+        x = _batch_norm(kernel_layers, f"{name}_bn", relu=True, **bn)(x)
+        return layers.Identity(name=f"{name}_relu")(x)
+    x = _batch_norm(kernel_layers, f"{name}_bn", **bn)(x)
+    return kernel_layers.relu(name=f"{name}_relu")(x)
 
 
 def stem(x, kernel_layers: LayerSet, filters: int, bn: dict, padding: str = "same"):
     """7x7 stride-2 convolution, batch norm, ReLU, 3x3 stride-2 max pool: 1/4 resolution.
     (The pool pads as "same" in the reference too.)"""
     x = _conv(kernel_layers, filters, 7, 2, "stem_conv", padding)(x)
-    x = _batch_norm(kernel_layers, "stem_bn", **bn)(x)
-    x = kernel_layers.relu(name="stem_relu")(x)
+    x = _batch_norm_relu(x, kernel_layers, "stem", bn)
     return layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
 
 
@@ -95,13 +111,16 @@ def bottleneck(
         shortcut = _conv(kernel_layers, out_filters, 1, strides, f"{name}_proj_conv")(x)
         shortcut = _batch_norm(kernel_layers, f"{name}_proj_bn", **bn)(shortcut)
     x = _conv(kernel_layers, filters, 1, 1, f"{name}_1_conv")(x)
-    x = _batch_norm(kernel_layers, f"{name}_1_bn", **bn)(x)
-    x = kernel_layers.relu(name=f"{name}_1_relu")(x)
+    x = _batch_norm_relu(x, kernel_layers, f"{name}_1", bn)
     x = _conv(kernel_layers, filters, 3, strides, f"{name}_2_conv", padding)(x)
-    x = _batch_norm(kernel_layers, f"{name}_2_bn", **bn)(x)
-    x = kernel_layers.relu(name=f"{name}_2_relu")(x)
+    x = _batch_norm_relu(x, kernel_layers, f"{name}_2", bn)
     x = _conv(kernel_layers, out_filters, 1, 1, f"{name}_3_conv")(x)
-    x = _batch_norm(kernel_layers, f"{name}_3_bn", zero_gamma=zero_init_residual, **bn)(x)
+    last_bn = {"zero_gamma": zero_init_residual, **bn}
+    if kernel_layers.folds_into_batch_norm:  # the add and its ReLU in the batch norm's kernel
+        x = _batch_norm(kernel_layers, f"{name}_3_bn", residual=True, **last_bn)([x, shortcut])
+        x = layers.Identity(name=f"{name}_add")(x)
+        return layers.Identity(name=f"{name}_out")(x)
+    x = _batch_norm(kernel_layers, f"{name}_3_bn", **last_bn)(x)
     x = layers.Add(name=f"{name}_add")([shortcut, x])
     return kernel_layers.residual_relu(name=f"{name}_out")(x)
 

@@ -38,7 +38,9 @@ class ExtremeWeather:
     def __init__(self, preset: dict, data_dir: str | None):
         self.data, self.model_config = data_and_model(self.name, preset)
         d = self.data
-        self.kernels = resolve(self.model_config.kernels)  # as L7 records it
+        # What the model is built with and L7 records: "auto" resolved on this machine.
+        xla = bool(preset.get("training", {}).get("xla", False))
+        self.kernels = resolve(self.model_config.kernels, xla)
         self.data_name = DATASET_NAMES[d.source]
         self.facts: dict = {}  # L9 facts found in the files (none for random data)
         # An ensemble member: its bootstrap sample of the training split, and the detections
@@ -165,7 +167,7 @@ class ExtremeWeather:
         return FasterRCNN(
             (*self.image_size, len(ew.CHANNELS)),
             num_classes=len(ew.CLASSES),
-            **{**dataclasses.asdict(model), "blocks": tuple(model.blocks)},
+            **{**dataclasses.asdict(model), "blocks": tuple(model.blocks), "kernels": self.kernels},
         )
 
     def input_shape(self) -> tuple[int, int, int]:

@@ -37,7 +37,9 @@ class ImageClassification:
 
     def __init__(self, preset: dict, data_dir: str | None):
         self.data, self.model_config = data_and_model(self.name, preset)
-        self.kernels = resolve(self.model_config.kernels)  # as L7 records it
+        # What the model is built with and L7 records: "auto" resolved on this machine.
+        xla = bool(preset.get("training", {}).get("xla", False))
+        self.kernels = resolve(self.model_config.kernels, xla)
         self.data_dir = data_dir
         # What procedural examples are drawn from: the run's seed, whatever orders them.
         self.content_seed = int(preset.get("training", {}).get("seed", 0))
@@ -165,7 +167,7 @@ class ImageClassification:
         return resnet.resnet50_v15(
             image_size=self.data.image_size,
             num_classes=self.data.num_classes,
-            **{**model, "blocks": tuple(model["blocks"])},
+            **{**model, "blocks": tuple(model["blocks"]), "kernels": self.kernels},
         )
 
     def input_shape(self) -> tuple[int, int, int]:

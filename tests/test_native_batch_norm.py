@@ -1,0 +1,186 @@
+"""models/native.py: the project's batch-norm ops compute what FusedBatchNormV3 (with the ReLU,
+and the residual add, after it) computes, forward and backward; a model on them builds the
+layers of the CPU workarounds and counts the same FLOPs; a machine that cannot build them
+keeps TensorFlow's kernels, and asking for them there is refused in one line."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hpcai500_tf.errors import UserError
+from hpcai500_tf.measure.flops import count_function
+from hpcai500_tf.models import kernels, native, resnet
+
+pytestmark = pytest.mark.skipif(native.unavailable() is not None, reason="no C++ compiler")
+
+EPSILON, FACTOR = 1e-3, 0.1
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy(previous)
+
+
+def _inputs(dtype, shape=(4, 5, 6, 16)):
+    """x with a mean far from 0 (the variance must not cancel), a shortcut, an upstream
+    gradient, and per-channel scale, offset and moving statistics."""
+    channels = shape[-1]
+    x = tf.random.stateless_normal(shape, [1, 2]) * 3.0 + 20.0
+    side = tf.random.stateless_normal(shape, [3, 4])
+    upstream = tf.random.stateless_normal(shape, [5, 6])
+    scale = tf.random.stateless_uniform([channels], [7, 8], 0.5, 1.5)
+    offset = tf.random.stateless_normal([channels], [9, 10])
+    moving = (tf.random.stateless_normal([channels], [11, 12]), tf.ones([channels]) * 2.0)
+    return tf.cast(x, dtype), tf.cast(side, dtype), tf.cast(upstream, dtype), scale, offset, moving
+
+
+def _reference(x, side, upstream, scale, offset, moving, relu, residual):
+    """FusedBatchNormV3, then the add and the ReLU, in float32: outputs, moving statistics
+    and the gradients of x, side, scale and offset."""
+    x, side = tf.cast(x, tf.float32), tf.cast(side, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch([x, side, scale, offset])
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            x, scale, offset, mean=moving[0], variance=moving[1], epsilon=EPSILON,
+            is_training=True, exponential_avg_factor=FACTOR,
+        )  # fmt: skip
+        y = y + side if residual else y
+        y = tf.nn.relu(y) if relu else y
+    gradients = tape.gradient(
+        y, [x, side, scale, offset], output_gradients=tf.cast(upstream, y.dtype)
+    )
+    return y, mean, variance, gradients
+
+
+def _native(x, side, upstream, scale, offset, moving, relu, residual):
+    with tf.GradientTape() as tape:
+        tape.watch([x, side, scale, offset])
+        if residual:
+            y, mean, variance = native.batch_norm_add(
+                x, side, scale, offset, *moving, EPSILON, FACTOR
+            )
+        else:
+            y, mean, variance = native.batch_norm(x, scale, offset, *moving, EPSILON, FACTOR, relu)
+    gradients = tape.gradient(y, [x, side, scale, offset], output_gradients=upstream)
+    return y, mean, variance, gradients
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"), [(tf.float32, 2e-4), (tf.bfloat16, 3e-2)], ids=["float32", "bfloat16"]
+)
+@pytest.mark.parametrize(
+    ("relu", "residual"), [(False, False), (True, False), (True, True)], ids=["bn", "relu", "add"]
+)
+def test_the_ops_compute_what_fused_batch_norm_and_its_relu_compute(
+    dtype, tolerance, relu, residual
+):
+    inputs = _inputs(dtype)
+    # bfloat16 rounds x; the reference normalises the same rounded values, in float32.
+    y, mean, variance, gradients = _native(*inputs, relu, residual)
+    want_y, want_mean, want_variance, want_gradients = _reference(*inputs, relu, residual)
+    assert y.dtype == dtype
+
+    def close(ours, theirs, what):
+        ours, theirs = tf.cast(ours, tf.float32), tf.cast(theirs, tf.float32)
+        scale = max(float(tf.reduce_max(tf.abs(theirs))), 1e-6)
+        error = float(tf.reduce_max(tf.abs(ours - theirs))) / scale
+        assert error < tolerance, f"{what}: {error:.2e} of its largest value"
+
+    close(y, want_y, "y")
+    close(mean, want_mean, "moving mean")
+    close(variance, want_variance, "moving variance")  # the unbiased batch variance's
+    names = ("dx", "dside", "dscale", "doffset")
+    for name, ours, theirs in zip(names, gradients, want_gradients, strict=True):
+        if name == "dside" and not residual:
+            assert ours is None
+            continue
+        close(ours, theirs, name)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["relu", "add"])
+def test_a_nan_survives_the_folded_relu(residual):
+    x, side, _, scale, offset, moving = _inputs(tf.bfloat16)
+    x = tf.tensor_scatter_nd_update(x, [[0, 0, 0, 3]], tf.constant([np.nan], tf.bfloat16))
+    if residual:
+        y, _, _ = native.batch_norm_add(x, side, scale, offset, *moving, EPSILON, FACTOR)
+    else:
+        y, _, _ = native.batch_norm(x, scale, offset, *moving, EPSILON, FACTOR, True)
+    finite = tf.reduce_all(tf.math.is_finite(tf.cast(y, tf.float32)), axis=[0, 1, 2]).numpy()
+    assert not finite[3] and finite[[0, 1, 2, 4]].all()  # channel 3's statistics are NaN
+
+
+def test_statistics_of_the_wrong_length_are_refused():
+    x, _, _, scale, offset, moving = _inputs(tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one value per channel"):
+        native.batch_norm(x, scale[:3], offset, *moving, EPSILON, FACTOR, False)
+
+
+def _tiny(choice: str) -> keras.Model:
+    return resnet.resnet50_v15(
+        image_size=32, num_classes=10, width=0.125, blocks=(1, 1, 1, 1), kernels=choice
+    )
+
+
+def test_a_native_model_builds_the_workarounds_layers_and_counts_their_flops():
+    keras.utils.set_random_seed(0)
+    workarounds = _tiny("cpu-workarounds")
+    keras.utils.set_random_seed(0)
+    native_model = _tiny("cpu-native-batch-norm")
+    assert [layer.name for layer in native_model.layers] == [
+        layer.name for layer in workarounds.layers
+    ]
+    assert [v.path for v in native_model.weights] == [v.path for v in workarounds.weights]
+    assert not {type(layer) for layer in native_model.layers} & {kernels.ReLU, keras.layers.Add}
+    images = tf.random.stateless_normal([8, 32, 32, 3], [2, 3])
+
+    def step(model):
+        @tf.function
+        def train(images):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(images, training=True) ** 2)
+            return tape.gradient(loss, model.trainable_variables)
+
+        return train
+
+    counts = [count_function(step(model), images, batch=8) for model in (workarounds, native_model)]
+    assert counts[0].total == counts[1].total > 0
+    for model in (workarounds, native_model):
+        step(model)(images)  # a training pass updates the moving statistics alike
+    for ours, theirs in zip(native_model.weights, workarounds.weights, strict=True):
+        if "moving" in ours.path:
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_machine_that_cannot_build_the_ops_keeps_tensorflows(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPCAI500_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails every step
+    module, why = native._loaded.__wrapped__()
+    assert module is None and "did not build" in why and "false exited 1" in why, why
+    assert not list(tmp_path.glob("*.so"))  # nothing half-written left for the next run
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert native._loaded.__wrapped__() == (
+        None,
+        "no C++ compiler (no-such-compiler-here) to build the ops with",
+    )
+    monkeypatch.setattr(
+        native, "unavailable", lambda: "no C++ compiler (g++) to build the ops with"
+    )
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [])
+    assert kernels.resolve("auto") == "cpu-workarounds"
+    with pytest.raises(UserError) as error:
+        kernels.resolve("cpu-native-batch-norm")
+    assert str(error.value) == (
+        "kernels 'cpu-native-batch-norm' cannot run here: "
+        "no C++ compiler (g++) to build the ops with"
+    )
+
+
+def test_xla_refuses_the_native_batch_norm_in_one_line():
+    with pytest.raises(UserError, match="XLA compiles no custom op") as error:
+        kernels.resolve("cpu-native-batch-norm", xla=True)
+    assert "\n" not in str(error.value)
