@@ -73,10 +73,17 @@ def tf_layer_times(precision: str, batch: int, repeats: int) -> dict:
             flops = 2.0 * batch * -(-height // stride) * -(-width // stride)
             flops *= layer.kernel_size[0] ** 2 * cin * layer.filters
             apply = layer
-        elif type(layer).__name__ in ("FusedBatchNorm", "BatchNormalization"):
-            _, height, width, cin = layer.input.shape
+        elif type(layer).__name__ in ("FusedBatchNorm", "BatchNormalization", "NativeBatchNorm"):
+            # The native kernel set's batch norm applies its ReLU (and a residual add) itself.
+            residual, folded = getattr(layer, "residual", False), getattr(layer, "relu", False)
+            _, height, width, cin = (layer.input[0] if residual else layer.input).shape
             key, flops = bn_key(height, width, cin), 0.0
-            apply = lambda x, bn=layer: relu(bn(x, training=True))  # noqa: E731
+            if residual:
+                apply = lambda x, bn=layer: bn([x, x], training=True)  # noqa: E731
+            elif folded:
+                apply = lambda x, bn=layer: bn(x, training=True)  # noqa: E731
+            else:
+                apply = lambda x, bn=layer: relu(bn(x, training=True))  # noqa: E731
         else:
             continue
         if key in found:

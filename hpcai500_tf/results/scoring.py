@@ -36,6 +36,7 @@ from hpcai500_tf.config import (
     reference_text,
 )
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.models.kernel_choices import COUNTED_AS
 from hpcai500_tf.record import LAYER_KEYS, METHOD_FIELDS, PLACEMENT_FIELDS
 from hpcai500_tf.results.record_builder import not_rankable_reasons
 from hpcai500_tf.validation import is_finite_number
@@ -143,7 +144,7 @@ def score(
         if basis == "tensorflow-profiler" and kernels:
             # The profiler counts the ops that ran: the CPU workarounds' fused batch norm has
             # no count, stock Keras batch norm's ops do (a few % of the step).
-            basis = f"{basis} ({kernels} kernels)"
+            basis = f"{basis} ({COUNTED_AS.get(kernels, kernels)} kernels)"
     else:
         total = rule.flops_per_example * benchmark.epochs * _examples_per_epoch(quality)
         basis = rule.flop_basis
