@@ -74,13 +74,16 @@ def tf_layer_times(precision: str, batch: int, repeats: int) -> dict:
             flops *= layer.kernel_size[0] ** 2 * cin * layer.filters
             apply = layer
         elif type(layer).__name__ in ("FusedBatchNorm", "BatchNormalization", "NativeBatchNorm"):
-            # The native kernel set's batch norm applies its ReLU (and a residual add) itself.
+            # The native kernel set's batch norms are timed as its step runs them: with the
+            # ReLU (and a residual add) they fold in, else alone (a stock ReLU after one would
+            # be a separate op there, where TensorFlow fuses it into FusedBatchNormV3).
+            native = type(layer).__name__ == "NativeBatchNorm"
             residual, folded = getattr(layer, "residual", False), getattr(layer, "relu", False)
             _, height, width, cin = (layer.input[0] if residual else layer.input).shape
             key, flops = bn_key(height, width, cin), 0.0
             if residual:
                 apply = lambda x, bn=layer: bn([x, x], training=True)  # noqa: E731
-            elif folded:
+            elif folded or native:
                 apply = lambda x, bn=layer: bn(x, training=True)  # noqa: E731
             else:
                 apply = lambda x, bn=layer: relu(bn(x, training=True))  # noqa: E731

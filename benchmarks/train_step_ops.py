@@ -6,7 +6,8 @@ every function it calls (a loss-scale cond counts both its branches, once each).
 leaves out what launches no kernel (Const, Identity, NoOp, ReadVariableOp and the like), the
 figure that stands for kernel launches on a GPU. Per step variant:
 
-- fp32 and bf16 mixed precision on the CPU kernel set ("cpu-workarounds"),
+- fp32 and bf16 mixed precision on the CPU kernel sets ("cpu-workarounds", and
+  "cpu-native-batch-norm", whose ops must build here),
 - fp32, bf16 and float16 mixed precision on the GPU kernel set ("gpu-fused-batch-norm"),
   which builds and traces on a CPU; float16 is the policy GPUs train with (dynamic loss
   scaling included).
@@ -49,6 +50,8 @@ VARIANTS = (
     # (label, kernels choice, precision policy)
     ("fp32, cpu-workarounds", "cpu-workarounds", "float32"),
     ("bf16 mixed, cpu-workarounds", "cpu-workarounds", "mixed_bfloat16"),
+    ("fp32, cpu-native-batch-norm", "cpu-native-batch-norm", "float32"),
+    ("bf16 mixed, cpu-native-batch-norm", "cpu-native-batch-norm", "mixed_bfloat16"),
     ("fp32, gpu-fused-batch-norm", "gpu-fused-batch-norm", "float32"),
     ("bf16 mixed, gpu-fused-batch-norm", "gpu-fused-batch-norm", "mixed_bfloat16"),
     ("fp16 mixed, gpu-fused-batch-norm", "gpu-fused-batch-norm", "mixed_float16"),
@@ -116,7 +119,6 @@ def traced_step_ops(
     from hpcai500_tf.config import prepare
     from hpcai500_tf.engine import loop
     from hpcai500_tf.engine.run import build_engine
-    from hpcai500_tf.models import kernels as model_kernels
 
     setup = prepare(
         "image_classification",
@@ -128,12 +130,11 @@ def traced_step_ops(
             "training.strategy='default'",
             f"training.precision='{'fp32' if policy == 'float32' else 'mixed'}'",
             f"training.xla={str(xla).lower()}",
+            f"model.kernels={kernels}",  # any set, on any device
         ],
     )
-    chosen, resolve = loop.precision_policy, model_kernels.resolve
-    # float16 as on GPUs, and either kernel set, on any device ("auto" resolves to it).
-    loop.precision_policy = lambda precision: policy
-    model_kernels.resolve = lambda choice: kernels
+    chosen = loop.precision_policy
+    loop.precision_policy = lambda precision: policy  # float16 as on GPUs, on any device
     try:
         engine = build_engine(setup, None)
         images, labels = engine.synthetic_batch()
@@ -141,7 +142,7 @@ def traced_step_ops(
         traced = step.get_concrete_function(images, labels)
         return graph_op_types(traced.graph.as_graph_def(), compiled_only)
     finally:
-        loop.precision_policy, model_kernels.resolve = chosen, resolve
+        loop.precision_policy = chosen
         keras.mixed_precision.set_global_policy("float32")
 
 
