@@ -155,6 +155,19 @@ def test_a_native_model_builds_the_workarounds_layers_and_counts_their_flops():
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_a_checkpoint_of_a_native_model_restores_into_the_workarounds(tmp_path):
+    """A run stopped on a CPU with AMX resumes on one without (where "auto" differs)."""
+    keras.utils.set_random_seed(0)
+    native_model = _tiny("cpu-native-batch-norm")
+    keras.utils.set_random_seed(1)
+    workarounds = _tiny("cpu-workarounds")
+    path = tf.train.Checkpoint(model=native_model).write(str(tmp_path / "ckpt"))
+    status = tf.train.Checkpoint(model=workarounds).read(path)
+    status.assert_consumed()
+    for ours, theirs in zip(native_model.weights, workarounds.weights, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
 def test_a_machine_that_cannot_build_the_ops_keeps_tensorflows(monkeypatch, tmp_path):
     monkeypatch.setenv("HPCAI500_NATIVE_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a compiler that fails every step

@@ -483,9 +483,8 @@ class NativeBatchNorm(FusedBatchNorm):
 
     On a 2-core Xeon with AMX, bfloat16 at batch 32, forward and backward with the ReLU: 36
     against 62 ms for oneDNN's FusedBatchNormV3 at 56x56x256, 1.2-1.9x at every ResNet-50
-    shape; in float32 1.2-1.6x, and oneDNN's float32 input gradient was 29 % off a float64
-    one at 56x56x256 where this kernel's was 1e-7 (docs/performance.md). Inference takes
-    the parent's kernel, then the add and the ReLU."""
+    shape, 1.1-1.6x in float32; the bfloat16 train step 1.4x (docs/performance.md).
+    Inference takes the parent's kernel, then the add and the ReLU."""
 
     def __init__(self, *args, relu: bool = False, residual: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
