@@ -534,7 +534,7 @@ class LayerSet(NamedTuple):
     the residual add and its ReLU), and the model puts identities in their places (every set
     builds the same layers)."""
 
-    name: str  # what `resolve` gives: "cpu-workarounds", "gpu-fused-batch-norm" or "stock"
+    name: str  # what `resolve` gives: a name of KERNEL_CHOICES but "auto"
     conv: type[layers.Conv2D]
     batch_norm: type[layers.Layer]  # momentum, epsilon, gamma_initializer, name
     relu: type[layers.ReLU]

@@ -295,7 +295,11 @@ class BatchNormGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, TensorShape({channels}), &dscale_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, TensorShape({channels}), &doffset_out));
     const int64_t rows = channels == 0 ? 0 : x_in.NumElements() / channels;
-    if (rows == 0) return;
+    if (rows == 0) {  // no data: no gradient of scale or offset either
+      dscale_out->flat<float>().setZero();
+      doffset_out->flat<float>().setZero();
+      return;
+    }
     const auto* dy = Data<T>(dy_in);
     const auto* x = Data<T>(x_in);
     const float* scale = ctx->input(kX + 1).flat<float>().data();
