@@ -101,6 +101,29 @@ def test_the_ops_compute_what_fused_batch_norm_and_its_relu_compute(
         close(ours, theirs, name)
 
 
+def test_a_mean_far_from_its_spread_keeps_float32_accuracy():
+    """x = 100 + 0.1 noise (mean 1000 standard deviations from 0): y and dx against float64,
+    within what float32 rounding of the mean allows."""
+    shape, channels = (8, 6, 6, 4), 4
+    x = 100.0 + 0.1 * tf.random.stateless_normal(shape, [1, 2])
+    upstream = tf.random.stateless_normal(shape, [5, 6])
+    scale, offset = tf.ones([channels]), tf.zeros([channels])
+    moving = (tf.zeros([channels]), tf.ones([channels]))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y, _, _ = native.batch_norm(x, scale, offset, *moving, 0.0, FACTOR, False)
+    dx = tape.gradient(y, x, output_gradients=upstream)
+    flat = x.numpy().astype(np.float64).reshape(-1, channels)
+    normalised = (flat - flat.mean(0)) / flat.std(0)
+    g = upstream.numpy().astype(np.float64).reshape(-1, channels)
+    want_dx = (g - g.mean(0) - normalised * (g * normalised).mean(0)) / flat.std(0)
+    np.testing.assert_allclose(y.numpy().reshape(-1, channels), normalised, atol=2e-3)
+    scale_dx = np.abs(want_dx).max()
+    np.testing.assert_allclose(
+        dx.numpy().reshape(-1, channels) / scale_dx, want_dx / scale_dx, atol=2e-3
+    )
+
+
 @pytest.mark.parametrize("residual", [False, True], ids=["relu", "add"])
 def test_a_nan_survives_the_folded_relu(residual):
     x, side, _, scale, offset, moving = _inputs(tf.bfloat16)
@@ -111,6 +134,9 @@ def test_a_nan_survives_the_folded_relu(residual):
         y, _, _ = native.batch_norm(x, scale, offset, *moving, EPSILON, FACTOR, True)
     finite = tf.reduce_all(tf.math.is_finite(tf.cast(y, tf.float32)), axis=[0, 1, 2]).numpy()
     assert not finite[3] and finite[[0, 1, 2, 4]].all()  # channel 3's statistics are NaN
+    if not residual:
+        _, variance, _ = native.batch_norm(x, scale, offset, *moving, EPSILON, 1.0, False)[:3]
+        assert np.isnan(variance.numpy()[3])  # the moving variance takes the NaN too
 
 
 def test_statistics_of_the_wrong_length_are_refused():

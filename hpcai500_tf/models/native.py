@@ -30,6 +30,8 @@ from hpcai500_tf.cluster.machine import cpu_flags
 SOURCES = Path(__file__).with_name("native")
 KERNEL_LOOPS = "batch_norm_kernels.cc"  # no TensorFlow header: compiled for this CPU
 OP_GLUE = "batch_norm_ops.cc"  # TensorFlow's headers: compiled as TensorFlow's wheel is
+LOOP_FLAGS = ("-O3", "-march=native", "-fPIC")
+GLUE_FLAGS = ("-O2", "-fPIC", "-w")
 BUILD_SECONDS = 300
 
 
@@ -43,17 +45,21 @@ def _compiler() -> str | None:
 
 
 def _build_key(compiler: str) -> str:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, errors="replace", timeout=60
+    ).stdout
     digest = hashlib.sha256()
     for part in (
         version,
         tf.__version__,
+        *LOOP_FLAGS,
+        *GLUE_FLAGS,
         *tf.sysconfig.get_compile_flags(),
         *tf.sysconfig.get_link_flags(),
         " ".join(sorted(cpu_flags())),
     ):
         digest.update(part.encode() + b"\0")
-    for source in sorted(SOURCES.iterdir()):
+    for source in sorted([*SOURCES.glob("*.cc"), *SOURCES.glob("*.h")]):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -65,15 +71,16 @@ def _compile(compiler: str, target: Path) -> None:
         work = Path(scratch)
         loops, glue, library = work / "loops.o", work / "glue.o", work / target.name
         steps = [
-            [compiler, "-O3", "-march=native", "-fPIC", "-c", str(SOURCES / KERNEL_LOOPS),
-             "-o", str(loops)],
-            [compiler, "-O2", "-fPIC", "-w", "-c", str(SOURCES / OP_GLUE), "-o", str(glue),
+            [compiler, *LOOP_FLAGS, "-c", str(SOURCES / KERNEL_LOOPS), "-o", str(loops)],
+            [compiler, *GLUE_FLAGS, "-c", str(SOURCES / OP_GLUE), "-o", str(glue),
              *tf.sysconfig.get_compile_flags()],
             [compiler, "-shared", str(loops), str(glue), "-o", str(library),
              *tf.sysconfig.get_link_flags()],
         ]  # fmt: skip
         for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=BUILD_SECONDS)
+            done = subprocess.run(
+                step, capture_output=True, text=True, errors="replace", timeout=BUILD_SECONDS
+            )
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]
                 raise RuntimeError(f"{Path(step[0]).name} exited {done.returncode}: {last}")
@@ -91,8 +98,8 @@ def _loaded():
         if not target.exists():
             _compile(compiler, target)
         module = tf.load_op_library(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError, tf.errors.OpError) as error:
-        return None, f"the ops did not build or load: {error}"
+    except (OSError, ValueError, RuntimeError, subprocess.SubprocessError, tf.errors.OpError) as e:
+        return None, f"the ops did not build or load: {e}"
     return module, None
 
 

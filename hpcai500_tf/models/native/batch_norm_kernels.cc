@@ -46,29 +46,32 @@ void BatchNormSums(const S* __restrict x, int64_t first, int64_t last, int64_t c
 
 template <typename S>
 void BatchNormApply(const S* __restrict x, S* __restrict y, int64_t first, int64_t last,
-                    int64_t channels, const float* __restrict a, const float* __restrict b,
-                    bool relu) {
+                    int64_t channels, const float* __restrict mean, const float* __restrict a,
+                    const float* __restrict offset, bool relu) {
   for (int64_t r = first; r < last; ++r) {
     const S* __restrict row = x + r * channels;
     S* __restrict out = y + r * channels;
     if (relu) {
-      for (int64_t c = 0; c < channels; ++c) Store(Relu(Load(row[c]) * a[c] + b[c]), out + c);
+      for (int64_t c = 0; c < channels; ++c)
+        Store(Relu((Load(row[c]) - mean[c]) * a[c] + offset[c]), out + c);
     } else {
-      for (int64_t c = 0; c < channels; ++c) Store(Load(row[c]) * a[c] + b[c], out + c);
+      for (int64_t c = 0; c < channels; ++c)
+        Store((Load(row[c]) - mean[c]) * a[c] + offset[c], out + c);
     }
   }
 }
 
 template <typename S>
 void BatchNormAddApply(const S* __restrict x, const S* __restrict side, S* __restrict y,
-                       int64_t first, int64_t last, int64_t channels, const float* __restrict a,
-                       const float* __restrict b) {
+                       int64_t first, int64_t last, int64_t channels,
+                       const float* __restrict mean, const float* __restrict a,
+                       const float* __restrict offset) {
   for (int64_t r = first; r < last; ++r) {
     const S* __restrict row = x + r * channels;
     const S* __restrict add = side + r * channels;
     S* __restrict out = y + r * channels;
     for (int64_t c = 0; c < channels; ++c)
-      Store(Relu(Load(row[c]) * a[c] + b[c] + Load(add[c])), out + c);
+      Store(Relu((Load(row[c]) - mean[c]) * a[c] + offset[c] + Load(add[c])), out + c);
   }
 }
 
@@ -84,8 +87,7 @@ void BatchNormAddGradSums(const S* __restrict dy, const S* __restrict y, const S
     const S* __restrict xr = x + r * channels;
     S* __restrict gr = g + r * channels;
     for (int64_t c = 0; c < channels; ++c) {
-      bool passed = Load(yr[c]) > 0.0f;
-      S bits = passed ? dyr[c] : zero;
+      S bits = Load(yr[c]) > 0.0f ? dyr[c] : zero;
       gr[c] = bits;
       float gv = Load(bits);
       sum[c] += gv;
@@ -96,18 +98,18 @@ void BatchNormAddGradSums(const S* __restrict dy, const S* __restrict y, const S
 
 template <typename S>
 void BatchNormGradSums(const S* __restrict dy, const S* __restrict x, int64_t first,
-                       int64_t last, int64_t channels, const float* __restrict a,
-                       const float* __restrict b, const float* __restrict mean, bool relu,
+                       int64_t last, int64_t channels, const float* __restrict mean,
+                       const float* __restrict a, const float* __restrict offset, bool relu,
                        float* __restrict sum, float* __restrict products) {
   for (int64_t r = first; r < last; ++r) {
     const S* __restrict xr = x + r * channels;
     const S* __restrict dyr = dy + r * channels;
     if (relu) {
       for (int64_t c = 0; c < channels; ++c) {
-        float xv = Load(xr[c]);
-        float g = xv * a[c] + b[c] > 0.0f ? Load(dyr[c]) : 0.0f;
+        float centred = Load(xr[c]) - mean[c];
+        float g = centred * a[c] + offset[c] > 0.0f ? Load(dyr[c]) : 0.0f;
         sum[c] += g;
-        products[c] += g * (xv - mean[c]);
+        products[c] += g * centred;
       }
     } else {
       for (int64_t c = 0; c < channels; ++c) {
@@ -122,24 +124,22 @@ void BatchNormGradSums(const S* __restrict dy, const S* __restrict x, int64_t fi
 template <typename S>
 void BatchNormGradApply(const S* __restrict dy, const S* __restrict x, S* __restrict dx,
                         int64_t first, int64_t last, int64_t channels,
-                        const float* __restrict a, const float* __restrict b,
-                        const float* __restrict k1, const float* __restrict k2,
-                        const float* __restrict k3, bool relu) {
+                        const float* __restrict mean, const float* __restrict a,
+                        const float* __restrict offset, const float* __restrict slope,
+                        const float* __restrict constant, bool relu) {
   for (int64_t r = first; r < last; ++r) {
     const S* __restrict xr = x + r * channels;
     const S* __restrict dyr = dy + r * channels;
     S* __restrict out = dx + r * channels;
     if (relu) {
       for (int64_t c = 0; c < channels; ++c) {
-        float xv = Load(xr[c]);
-        float g = xv * a[c] + b[c] > 0.0f ? Load(dyr[c]) : 0.0f;
-        Store(k1[c] * g + k2[c] * xv + k3[c], out + c);
+        float centred = Load(xr[c]) - mean[c];
+        float g = centred * a[c] + offset[c] > 0.0f ? Load(dyr[c]) : 0.0f;
+        Store(a[c] * g + slope[c] * centred + constant[c], out + c);
       }
     } else {
-      for (int64_t c = 0; c < channels; ++c) {
-        float xv = Load(xr[c]);
-        Store(k1[c] * Load(dyr[c]) + k2[c] * xv + k3[c], out + c);
-      }
+      for (int64_t c = 0; c < channels; ++c)
+        Store(a[c] * Load(dyr[c]) + slope[c] * (Load(xr[c]) - mean[c]) + constant[c], out + c);
     }
   }
 }
@@ -149,10 +149,10 @@ void BatchNormGradApply(const S* __restrict dy, const S* __restrict x, S* __rest
   template void BatchNormSums<S>(const S*, int64_t, int64_t, int64_t, const float*, float*, \
                                  float*);                                                  \
   template void BatchNormApply<S>(const S*, S*, int64_t, int64_t, int64_t, const float*,    \
-                                  const float*, bool);                                     \
-  template void BatchNormAddApply<S>(const S*, const S*, S*, int64_t, int64_t, int64_t,      \
-                                     const float*, const float*);                          \
-  template void BatchNormAddGradSums<S>(const S*, const S*, const S*, S*, int64_t, int64_t,  \
+                                  const float*, const float*, bool);                       \
+  template void BatchNormAddApply<S>(const S*, const S*, S*, int64_t, int64_t, int64_t,     \
+                                     const float*, const float*, const float*);            \
+  template void BatchNormAddGradSums<S>(const S*, const S*, const S*, S*, int64_t, int64_t, \
                                         int64_t, const float*, float*, float*);            \
   template void BatchNormGradSums<S>(const S*, const S*, int64_t, int64_t, int64_t,         \
                                      const float*, const float*, const float*, bool, float*, \

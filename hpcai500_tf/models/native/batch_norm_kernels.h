@@ -1,7 +1,8 @@
 // The loops of batch_norm_ops.cc's kernels over rows [first, last) of a rows x channels
 // tensor, float32 arithmetic; S is float (float32 data) or uint16_t (bfloat16's bits).
-// Compiled apart from TensorFlow's headers, for the CPU that builds them
-// (hpcai500_tf/models/native.py).
+// Every channel's affine map is y = (x - mean) a + offset, centred first so that a mean far
+// from 0 does not cancel. Compiled apart from TensorFlow's headers, for the CPU that builds
+// them (hpcai500_tf/models/native.py).
 #pragma once
 #include <cstdint>
 
@@ -16,15 +17,16 @@ template <typename S>
 void BatchNormSums(const S* x, int64_t first, int64_t last, int64_t channels,
                    const float* shift, float* sum, float* squares);
 
-// y = x a + b, then max(y, 0) where relu (a NaN stays a NaN).
+// y = (x - mean) a + offset, then max(y, 0) where relu (a NaN stays a NaN).
 template <typename S>
 void BatchNormApply(const S* x, S* y, int64_t first, int64_t last, int64_t channels,
-                    const float* a, const float* b, bool relu);
+                    const float* mean, const float* a, const float* offset, bool relu);
 
-// y = max(x a + b + side, 0) (a NaN stays a NaN).
+// y = max((x - mean) a + offset + side, 0) (a NaN stays a NaN).
 template <typename S>
 void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t last,
-                       int64_t channels, const float* a, const float* b);
+                       int64_t channels, const float* mean, const float* a,
+                       const float* offset);
 
 // g = dy where y > 0, else 0, written to `g`; sum += g, products += g (x - mean).
 template <typename S>
@@ -32,16 +34,18 @@ void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t fir
                           int64_t last, int64_t channels, const float* mean, float* sum,
                           float* products);
 
-// g = dy, or 0 where relu and x a + b is not positive; sum += g, products += g (x - mean).
+// g = dy, or 0 where relu and (x - mean) a + offset is not positive;
+// sum += g, products += g (x - mean).
 template <typename S>
 void BatchNormGradSums(const S* dy, const S* x, int64_t first, int64_t last, int64_t channels,
-                       const float* a, const float* b, const float* mean, bool relu,
+                       const float* mean, const float* a, const float* offset, bool relu,
                        float* sum, float* products);
 
-// dx = k1 g + k2 x + k3, g as above.
+// dx = a g + slope (x - mean) + constant, g as above.
 template <typename S>
 void BatchNormGradApply(const S* dy, const S* x, S* dx, int64_t first, int64_t last,
-                        int64_t channels, const float* a, const float* b, const float* k1,
-                        const float* k2, const float* k3, bool relu);
+                        int64_t channels, const float* mean, const float* a,
+                        const float* offset, const float* slope, const float* constant,
+                        bool relu);
 
 }  // namespace hpcai500

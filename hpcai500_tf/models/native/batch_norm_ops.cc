@@ -23,6 +23,17 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::bfloat16;
 using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+// y as x (at least a batch and a channel dimension), then four per-channel vectors.
+absl::Status ForwardShapes(InferenceContext* c) {
+  ShapeHandle x;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 2, &x));
+  c->set_output(0, x);
+  auto channels = c->Dim(x, -1);
+  for (int i = 1; i < 5; ++i) c->set_output(i, c->Vector(channels));
+  return absl::OkStatus();
+}
 
 REGISTER_OP("HpcaiBatchNorm")
     .Input("x: T")
@@ -39,12 +50,7 @@ REGISTER_OP("HpcaiBatchNorm")
     .Attr("epsilon: float")
     .Attr("exponential_avg_factor: float")
     .Attr("relu: bool")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      auto channels = c->Dim(c->input(0), -1);
-      for (int i = 1; i < 5; ++i) c->set_output(i, c->Vector(channels));
-      return absl::OkStatus();
-    });
+    .SetShapeFn(ForwardShapes);
 
 REGISTER_OP("HpcaiBatchNormAdd")
     .Input("x: T")
@@ -61,12 +67,7 @@ REGISTER_OP("HpcaiBatchNormAdd")
     .Attr("T: {bfloat16, float}")
     .Attr("epsilon: float")
     .Attr("exponential_avg_factor: float")
-    .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      auto channels = c->Dim(c->input(0), -1);
-      for (int i = 1; i < 5; ++i) c->set_output(i, c->Vector(channels));
-      return absl::OkStatus();
-    });
+    .SetShapeFn(ForwardShapes);
 
 REGISTER_OP("HpcaiBatchNormAddGrad")
     .Input("dy: T")
@@ -81,10 +82,11 @@ REGISTER_OP("HpcaiBatchNormAddGrad")
     .Output("doffset: float")
     .Attr("T: {bfloat16, float}")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(2));
-      c->set_output(1, c->input(2));
-      c->set_output(2, c->input(3));
-      c->set_output(3, c->input(3));
+      ShapeHandle x, channels;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(2), 2, &x));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &channels));
+      for (int i = 0; i < 2; ++i) c->set_output(i, x);
+      for (int i = 2; i < 4; ++i) c->set_output(i, channels);
       return absl::OkStatus();
     });
 
@@ -101,9 +103,12 @@ REGISTER_OP("HpcaiBatchNormGrad")
     .Attr("T: {bfloat16, float}")
     .Attr("relu: bool")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(1));
-      c->set_output(1, c->input(2));
-      c->set_output(2, c->input(2));
+      ShapeHandle x, channels;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 2, &x));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &channels));
+      c->set_output(0, x);
+      c->set_output(1, channels);
+      c->set_output(2, channels);
       return absl::OkStatus();
     });
 
@@ -233,11 +238,12 @@ class BatchNormOp : public OpKernel {
           BatchNormSums(x, from, to, channels, shift.data(), s, q);
         },
         &sum, &squares);
-    std::vector<float> a(channels), b(channels);
+    std::vector<float> a(channels);
     float *mean = out[0], *inv_std = out[1];
     for (int64_t c = 0; c < channels; ++c) {
       double centred = sum[c] / rows;
-      double variance = std::max(0.0, squares[c] / rows - centred * centred);
+      double variance = squares[c] / rows - centred * centred;
+      if (variance < 0) variance = 0;  // rounding; a NaN stays a NaN
       mean[c] = static_cast<float>(shift[c] + centred);
       inv_std[c] = static_cast<float>(1.0 / std::sqrt(variance + epsilon_));
       // The moving variance takes the unbiased batch variance, as FusedBatchNormV3's does.
@@ -245,16 +251,15 @@ class BatchNormOp : public OpKernel {
       out[2][c] = static_cast<float>((1.0 - factor_) * moving_mean[c] + factor_ * mean[c]);
       out[3][c] = static_cast<float>((1.0 - factor_) * moving_variance[c] + factor_ * unbiased);
       a[c] = scale[c] * inv_std[c];
-      b[c] = offset[c] - mean[c] * a[c];
     }
     auto* y = Data<T>(y_out);
     const auto* side = kAdd ? Data<T>(ctx->input(1)) : nullptr;
     const bool relu = relu_;
     ForBlocks(ctx, blocks, channels, [&](int64_t from, int64_t to, int64_t) {
       if (kAdd) {
-        BatchNormAddApply(x, side, y, from, to, channels, a.data(), b.data());
+        BatchNormAddApply(x, side, y, from, to, channels, mean, a.data(), offset);
       } else {
-        BatchNormApply(x, y, from, to, channels, a.data(), b.data(), relu);
+        BatchNormApply(x, y, from, to, channels, mean, a.data(), offset, relu);
       }
     });
   }
@@ -306,11 +311,8 @@ class BatchNormGradOp : public OpKernel {
     const float* offset = kAdd ? nullptr : ctx->input(3).flat<float>().data();
     const float* mean = ctx->input(4).flat<float>().data();
     const float* inv_std = ctx->input(5).flat<float>().data();
-    std::vector<float> a(channels), b(channels, 0.0f);
-    for (int64_t c = 0; c < channels; ++c) {
-      a[c] = scale[c] * inv_std[c];
-      if (!kAdd) b[c] = offset[c] - mean[c] * a[c];
-    }
+    std::vector<float> a(channels);
+    for (int64_t c = 0; c < channels; ++c) a[c] = scale[c] * inv_std[c];
     Blocks blocks(rows, channels);
     const bool relu = relu_;
     auto* passed = kAdd ? Data<T>(dside_out) : nullptr;  // dy where the ReLU passed it
@@ -322,30 +324,31 @@ class BatchNormGradOp : public OpKernel {
             BatchNormAddGradSums(dy, Data<T>(ctx->input(1)), x, passed, from, to, channels,
                                  mean, s, p);
           } else {
-            BatchNormGradSums(dy, x, from, to, channels, a.data(), b.data(), mean, relu, s, p);
+            BatchNormGradSums(dy, x, from, to, channels, mean, a.data(), offset, relu, s, p);
           }
         },
         &sum, &products);
-    // dx = a (g - sum / n - (x - mean) inv_std dscale / n) = a g + k2 x + k3
+    // dx = a (g - sum / n - (x - mean) inv_std dscale / n)
+    //    = a g + slope (x - mean) + constant
     float* dscale = dscale_out->flat<float>().data();
     float* doffset = doffset_out->flat<float>().data();
-    std::vector<float> k2(channels), k3(channels);
+    std::vector<float> slope(channels), constant(channels);
     for (int64_t c = 0; c < channels; ++c) {
       doffset[c] = static_cast<float>(sum[c]);
       double dscale_c = products[c] * inv_std[c];
       dscale[c] = static_cast<float>(dscale_c);
-      double slope = -static_cast<double>(a[c]) * inv_std[c] * dscale_c / rows;
-      k2[c] = static_cast<float>(slope);
-      k3[c] = static_cast<float>(-a[c] * sum[c] / rows - slope * mean[c]);
+      slope[c] = static_cast<float>(-static_cast<double>(a[c]) * inv_std[c] * dscale_c / rows);
+      constant[c] = static_cast<float>(-a[c] * sum[c] / rows);
     }
     auto* dx = Data<T>(dx_out);
     ForBlocks(ctx, blocks, channels, [&](int64_t from, int64_t to, int64_t) {
       if (kAdd) {  // g as written by the first pass: no mask to apply again
         BatchNormGradApply(static_cast<const typename Bits<T>::type*>(passed), x, dx, from, to,
-                           channels, a.data(), b.data(), a.data(), k2.data(), k3.data(), false);
+                           channels, mean, a.data(), offset, slope.data(), constant.data(),
+                           false);
       } else {
-        BatchNormGradApply(dy, x, dx, from, to, channels, a.data(), b.data(), a.data(),
-                           k2.data(), k3.data(), relu);
+        BatchNormGradApply(dy, x, dx, from, to, channels, mean, a.data(), offset, slope.data(),
+                           constant.data(), relu);
       }
     });
   }
