@@ -66,6 +66,18 @@ def copy_run(run_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def float32_policy():
+    """Keras models built in float32 whatever an earlier test (a training run sets Keras's
+    global policy) left, in any order; a test that wants bfloat16 asks for it by dtype."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy(previous)
+
+
+@pytest.fixture
 def torch_installed():
     """PyTorch, or a skip; CI sets HPCAI500_REQUIRE_TORCH=1 so that a missing torch fails."""
     import os

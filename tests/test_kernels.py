@@ -11,15 +11,7 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.models import kernels, native, resnet
 from hpcai500_tf.workloads import build_workload
 
-
-@pytest.fixture(autouse=True)
-def float32_policy():
-    """Layers built in float32 whatever an earlier test (a training run sets Keras's global
-    policy) left, in any order; a test that wants bfloat16 asks for it by dtype."""
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous)
+pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest's: models in float32
 
 
 def _tiny_resnet(kernel_choice: str) -> keras.Model:

@@ -12,17 +12,12 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
 from hpcai500_tf.models import kernels, native, resnet
 
-pytestmark = pytest.mark.skipif(native.unavailable() is not None, reason="no C++ compiler")
+pytestmark = [
+    pytest.mark.skipif(native.unavailable() is not None, reason="no C++ compiler"),
+    pytest.mark.usefixtures("float32_policy"),  # conftest's: models in float32
+]
 
 EPSILON, FACTOR = 1e-3, 0.1
-
-
-@pytest.fixture(autouse=True)
-def float32_policy():
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous)
 
 
 def _inputs(dtype, shape=(4, 5, 6, 16)):

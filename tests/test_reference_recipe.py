@@ -25,13 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "published_2020" / 
 SMALL = ["data.image_size=32", "model.width=0.125", "model.blocks=[1, 1, 1, 1]"]
 
 
-@pytest.fixture(autouse=True)
-def float32_policy():
-    """Models built in float32 whatever an earlier test left as Keras's global policy."""
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous)
+pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest's: models in float32
 
 
 def _workload(preset: str, overrides=()):
