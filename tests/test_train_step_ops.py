@@ -36,6 +36,33 @@ def test_the_count_enters_both_branches_of_a_cond_once(step_ops):
     assert kernels == 6  # Greater, Sqrt, Mul, Exp x 2, AddV2: the cond and constants are not
 
 
+def test_the_count_leaves_out_what_tensorflow_prunes_and_keeps_what_has_effects(step_ops):
+    """The ops TensorFlow executes: what an output or a stateful op needs, in the graph and in
+    each branch of a cond; an unused value (the gradient tape's zeros) is pruned, an assign
+    nothing reads is not."""
+    counter = tf.Variable(0.0)
+
+    @tf.function
+    def step(x):
+        tf.exp(x)  # read by nothing: pruned
+        counter.assign_add(tf.sqrt(x))  # read by nothing, but it changes state: executed
+
+        def positive():
+            tf.square(x)  # pruned in the branch too
+            return x * 2.0
+
+        return tf.cond(x > 0, positive, lambda: x - 1.0)
+
+    traced = step.get_concrete_function(tf.constant(1.0))
+    graph = traced.graph.as_graph_def()
+    everything = step_ops.graph_op_types(graph)
+    executed = step_ops.graph_op_types(graph, returned=step_ops.returned_nodes(traced.graph))
+    assert everything["Exp"] == 1 and everything["Square"] == 1
+    assert executed["Exp"] == 0 and executed["Square"] == 0
+    assert executed["Sqrt"] == 1 and executed["AssignAddVariableOp"] == 1
+    assert executed["Mul"] == 1 and executed["Sub"] == 1 and executed["Greater"] == 1
+
+
 def test_the_compiled_count_reads_only_what_xla_must_compile(step_ops):
     inner = tf.function(lambda x: tf.sqrt(x) * 2.0, jit_compile=True)
 

@@ -94,6 +94,7 @@ class TF1Momentum(keras.optimizers.Optimizer):
         self.momentum = momentum
         self.coupled_decay = 0.0
         self._decayed_indices: frozenset[int] = frozenset()
+        self._scalars: dict = {}
 
     def build(self, variables):
         if self.built:
@@ -113,6 +114,22 @@ class TF1Momentum(keras.optimizers.Optimizer):
         self._decayed_indices = frozenset(self._get_variable_index(v) for v in variables)
         return True
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        self._scalars = {}  # this update's scalar operands, made once per device and dtype
+        try:
+            super()._backend_update_step(grads, trainable_variables, learning_rate)
+        finally:
+            self._scalars = {}
+
+    def _scalar(self, name: str, value, variable):
+        """`value` as a scalar of the variable's dtype on its device: one tensor that all the
+        variables there share in this update (a cast or constant per variable is 161 ops more
+        for ResNet-50, each of them a node the step's graph executes)."""
+        key = (name, variable.dtype, variable.device)
+        if key not in self._scalars:
+            self._scalars[key] = tf.cast(value, variable.dtype)
+        return self._scalars[key]
+
     def update_step(self, gradient, variable, learning_rate):
         if isinstance(variable, keras.Variable):
             variable = variable.value  # the tf.Variable (this replica's, under a strategy)
@@ -121,16 +138,16 @@ class TF1Momentum(keras.optimizers.Optimizer):
         if self.coupled_decay and index in self._decayed_indices:
             tf.raw_ops.ResourceApplyGradientDescent(  # accum -= alpha x w
                 var=accumulator.handle,
-                alpha=tf.constant(-self.coupled_decay / self.momentum, variable.dtype),
+                alpha=self._scalar("decay", -self.coupled_decay / self.momentum, variable),
                 delta=variable,
                 use_locking=False,
             )
         tf.raw_ops.ResourceApplyMomentum(
             var=variable.handle,
             accum=accumulator.handle,
-            lr=tf.cast(learning_rate, variable.dtype),
+            lr=self._scalar("learning_rate", learning_rate, variable),
             grad=tf.cast(gradient, variable.dtype),
-            momentum=tf.cast(self.momentum, variable.dtype),
+            momentum=self._scalar("momentum", self.momentum, variable),
             use_locking=False,
             use_nesterov=False,
         )
@@ -205,6 +222,28 @@ class ReplicaAgreedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return inner_optimizer  # not an instance of cls: __init__ does not run
         return super().__new__(cls)
 
+    def _stateful_handle_finite_grads(self, grads, trainable_variables):
+        """Finite gradients: unscaled and applied, and the scale doubled after
+        `dynamic_growth_steps` finite steps in a row, as Keras does; the scale is read once
+        for all gradients, where Keras divides each gradient by the variable itself (one
+        read of it per gradient: 161 ops more for ResNet-50)."""
+        scale = tf.convert_to_tensor(self.dynamic_scale)
+        variables = trainable_variables or self._trainable_variables
+        unscaled = [
+            g if g is None or self._overwrite_variable_with_gradient(v) else g / scale
+            for g, v in zip(grads, variables, strict=True)
+        ]
+        self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
+
+        def grow() -> None:
+            self.step_counter.assign(0)
+            self.dynamic_scale.assign(scale * 2.0)
+
+        def count() -> None:
+            self.step_counter.assign_add(1)
+
+        tf.cond(tf.equal(self.step_counter, self.dynamic_growth_steps - 1), grow, count)
+
     def check_finite(self, grads):
         """True on every replica when no replica's gradients hold an Inf or NaN."""
         locally_finite = all_finite([g for g in grads if g is not None])
@@ -220,7 +259,8 @@ def all_finite(tensors: list):
     """True when no tensor holds an Inf or NaN: one IsFinite and one All over the tensors laid
     end to end (one copy of them), where Keras takes one of each per tensor (two kernels per
     gradient on a GPU)."""
-    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors]
+    flat_shape = tf.constant([-1])  # one for all: a shape constant per tensor is an op each
+    flat = [tf.reshape(tf.cast(t, tf.float32), flat_shape) for t in tensors]
     return tf.reduce_all(tf.math.is_finite(tf.concat(flat, axis=0)))
 
 
