@@ -383,6 +383,101 @@ def test_small_bfloat16_3x3_conv_takes_the_shifted_gradient_and_trains(size, shi
     assert np.all(np.abs(gradient - products[0]) <= 0.05 * products[1])
 
 
+@pytest.mark.parametrize("size", [6, 7])
+def test_subsampled_filter_gradient_is_tensorflows_filter_gradient(size):
+    """A 1x1 stride-2 "same" convolution reads every second row and column from the first,
+    even or odd sizes alike: the subsample's matmul is Conv2DBackpropFilter's gradient."""
+    inputs = tf.random.stateless_normal([2, size, size, 3], [7, 8])
+    out = (size + 1) // 2
+    upstream = tf.random.stateless_normal([2, out, out, 5], [9, 10])
+    expected = tf.raw_ops.Conv2DBackpropFilter(
+        input=inputs, filter_sizes=[1, 1, 3, 5], out_backprop=upstream,
+        strides=[1, 2, 2, 1], padding="SAME",
+    )  # fmt: skip
+    ours = kernels.subsampled_filter_gradient(inputs, upstream)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_subsampled_input_gradient_is_tensorflows_input_gradient():
+    """Over even sizes, upstream x kernel^T at every second pixel and zeros between is
+    Conv2DBackpropInput's gradient of a 1x1 stride-2 "same" convolution; odd sizes are left to
+    it (None)."""
+    upstream = tf.random.stateless_normal([2, 3, 4, 5], [9, 10])
+    kernel = tf.random.stateless_normal([1, 1, 3, 5], [11, 12])
+    expected = tf.raw_ops.Conv2DBackpropInput(
+        input_sizes=[2, 6, 8, 3], filter=kernel, out_backprop=upstream,
+        strides=[1, 2, 2, 1], padding="SAME",
+    )  # fmt: skip
+    ours = kernels.subsampled_input_gradient(upstream, kernel, (2, 6, 8, 3))
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+    assert kernels.subsampled_input_gradient(upstream, kernel, (2, 5, 8, 3)) is None
+
+
+@pytest.mark.parametrize(
+    "flags,size,dtype,subsampled",
+    [
+        ({"amx_bf16"}, 56, "mixed_bfloat16", True),  # output 28: the projection into stage 3
+        ({"amx_bf16"}, 27, "mixed_bfloat16", True),  # odd: the native input gradient
+        ({"amx_bf16"}, 58, "mixed_bfloat16", False),  # output 29
+        ({"amx_bf16"}, 28, "float32", False),
+        ({"avx512_bf16"}, 28, "mixed_bfloat16", False),  # not measured without AMX
+    ],
+)
+def test_small_bfloat16_projections_take_the_subsampled_gradient_on_amx(
+    monkeypatch, flags, size, dtype, subsampled
+):
+    """bfloat16 1x1 stride-2 layers with outputs up to 28x28 take the subsampled gradients on
+    CPUs with AMX only (a graph without Conv2DBackpropFilter, and over even sizes without
+    Conv2DBackpropInput), within bfloat16 rounding of the exact gradients; the layer's output
+    is the native convolution's."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags)
+    initializer = keras.initializers.GlorotUniform(seed=12)
+    layer = kernels.Conv2D(
+        4, 1, strides=2, padding="same", use_bias=False, kernel_initializer=initializer,
+        dtype=dtype,
+    )  # fmt: skip
+    x = tf.cast(tf.random.stateless_normal([2, size, size, 3], [5, 6]), layer.compute_dtype)
+    y, gradient, op_types = _traced_kernel_gradient(layer, x)
+    assert ("Conv2DBackpropFilter" not in op_types) == subsampled
+    assert ("Conv2DBackpropInput" not in op_types) == (subsampled and size % 2 == 0)
+    kernel = tf.cast(layer.kernel, x.dtype)
+    np.testing.assert_array_equal(y, tf.nn.conv2d(x, kernel, 2, "SAME"))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        input_gradient = tape.gradient(tf.reduce_sum(tf.cast(layer(x), tf.float32) ** 2), x)
+    # The exact gradients in float64 (numpy): the layer reads x[:, ::2, ::2].
+    seen = np.asarray(tf.cast(x, tf.float64))[:, ::2, ::2]
+    upstream = 2 * np.asarray(tf.cast(y, tf.float64))
+    exact = np.einsum("bhwi,bhwo->io", seen, upstream)
+    bound = np.einsum("bhwi,bhwo->io", np.abs(seen), np.abs(upstream))
+    assert y.dtype == x.dtype and gradient.dtype == tf.float32
+    assert np.all(np.abs(gradient[0, 0] - exact) <= 0.05 * bound + 1e-6)
+    weights = np.asarray(tf.cast(kernel, tf.float64))[0, 0]
+    exact_input = np.zeros(x.shape)
+    exact_input[:, ::2, ::2] = upstream @ weights.T
+    bound_input = np.zeros(x.shape)
+    bound_input[:, ::2, ::2] = np.abs(upstream) @ np.abs(weights).T
+    difference = np.abs(np.asarray(tf.cast(input_gradient, tf.float64)) - exact_input)
+    assert np.all(difference <= 0.05 * bound_input + 1e-6)
+
+
+def test_the_subsampled_gradients_count_the_flops_of_the_native_ones():
+    """One matmul over the subsampled input counts what Conv2DBackpropFilter counts for a
+    1x1 stride-2 layer (2 x outputs x cin x cout), and the input gradient's matmul what
+    Conv2DBackpropInput counts; the subsample and the pad count none."""
+    from hpcai500_tf.measure.flops import count_function
+
+    inputs = tf.cast(tf.random.stateless_normal([2, 6, 6, 3], [1, 2]), tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal([2, 3, 3, 4], [3, 4]), tf.bfloat16)
+    subsampled = tf.function(kernels.subsampled_filter_gradient)
+    count = count_function(subsampled, inputs, upstream, batch=2)
+    assert count.by_op_type == {"MatMul": 2.0 * (2 * 3 * 3 * 4) * 3}
+    kernel = tf.cast(tf.random.stateless_normal([1, 1, 3, 4], [5, 6]), tf.bfloat16)
+    spread = tf.function(lambda u, k: kernels.subsampled_input_gradient(u, k, (2, 6, 6, 3)))
+    count = count_function(spread, upstream, kernel, batch=2)
+    assert count.by_op_type == {"MatMul": 2.0 * (2 * 3 * 3 * 4) * 3}
+
+
 def test_the_shifted_filter_gradient_counts_the_flops_of_the_native_one():
     """The record's FLOPs do not change with the filter gradient's form: nine matmuls over the
     padded input count what Conv2DBackpropFilter counts (2 x outputs x 3 x 3 x cin)."""

@@ -27,6 +27,12 @@ The CPU workarounds, each with the measurements that justify it (on this project
   kernel tap: 3.8-4.5x faster than oneDNN's bfloat16 Conv2DBackpropFilter at 7x7x512, which
   takes about 5x as long there as at 56x56x64 for the same FLOPs
   (`benchmarks/filter_gradient.py --kernel 3`).
+- On CPUs with AMX, `Conv2D` takes the gradients of bfloat16 1x1 stride-2 convolutions
+  (ResNet's projections) with outputs up to 28x28 from matmuls: the filter gradient from the
+  subsampled input (4.8x oneDNN's over ResNet-50's three projections), the input gradient
+  spread over every second pixel; 1.067x over the whole bf16 step
+  (`benchmarks/filter_gradient.py --kernel 1 --stride 2`,
+  `benchmarks/shifted_gradient_step.py --workaround subsampled`).
 - The strided counterpart (`strided_small_bfloat16_conv`, which the CPU set's
   `CPUSymmetricPaddingConv2D` takes): four matmuls over 2x2 blocks of the input for a
   bfloat16 3x3 stride-2 layer with a small output; off by default
@@ -133,6 +139,84 @@ def pointwise_filter_gradient(inputs, upstream):
     return tf.reshape(kernel_gradient, [1, 1, in_channels, out_channels])
 
 
+# bfloat16 1x1 stride-2 convolutions (ResNet's projections) with outputs no larger than this
+# take their gradients from `subsampled_filter_gradient` and `subsampled_input_gradient`, on
+# CPUs with this feature, where it was measured: on an AMX Xeon (2 cores, batch 32) the filter
+# gradient of ResNet-50's three projections took 89.7 ms in oneDNN's Conv2DBackpropFilter and
+# 18.7 ms as the subsample's matmul (3.1-6.3x per layer), the whole bf16 step 1.067x
+# (`benchmarks/filter_gradient.py --kernel 1 --stride 2`, `benchmarks/shifted_gradient_step.py
+# --workaround subsampled`); in float32 the filter gradient was no faster (1.02x).
+SUBSAMPLED_GRADIENT_MAX_OUTPUT = 28
+SUBSAMPLED_GRADIENT_MEASURED_ON = "amx_bf16"
+
+
+@tf.custom_gradient
+def _strided_pointwise_conv(inputs, kernel):
+    """A 1x1, stride-2 convolution whose filter gradient is the subsampled input's matrix
+    product with the upstream gradient (`subsampled_filter_gradient`), and whose input
+    gradient is a matmul spread over every second pixel (`subsampled_input_gradient`); the
+    forward pass stays the native kernel."""
+    outputs = tf.nn.conv2d(inputs, kernel, strides=2, padding="SAME")
+
+    def gradient(upstream):
+        input_gradient = subsampled_input_gradient(upstream, kernel, inputs.shape)
+        if input_gradient is None:  # odd sizes
+            input_gradient = tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream,
+                strides=[1, 2, 2, 1], padding="SAME",
+            )  # fmt: skip
+        return input_gradient, subsampled_filter_gradient(inputs, upstream)
+
+    return outputs, gradient
+
+
+def subsampled_input_gradient(upstream, kernel, input_shape):
+    """d loss / d input of a 1x1, stride-2, "same" convolution over an input of even height
+    and width (`input_shape`, known): upstream x kernel^T at every second pixel, zeros between
+    (one matmul and one pad of 2x2 blocks: 1.1-1.6x oneDNN's Conv2DBackpropInput in bfloat16
+    at ResNet-50's projections on a 2-core AMX Xeon); None over odd or unknown sizes."""
+    _, height, width, in_channels = input_shape
+    if height is None or width is None or height % 2 or width % 2:
+        return None
+    out_channels = upstream.shape[-1]
+    products = tf.matmul(tf.reshape(upstream, [-1, out_channels]), kernel[0, 0], transpose_b=True)
+    blocks = tf.reshape(products, [-1, height // 2, 1, width // 2, in_channels])
+    blocks = tf.pad(blocks, [[0, 0], [0, 0], [0, 1], [0, 0], [0, in_channels]])
+    return tf.reshape(blocks, [-1, height, width, in_channels])
+
+
+def subsampled_filter_gradient(inputs, upstream):
+    """d loss / d kernel of a 1x1, stride-2, "same" convolution: it reads every second row and
+    column from the first (no padding at a 1x1 kernel), so the gradient is that subsample's
+    pointwise one: [1, 1, cin, cout]."""
+    return pointwise_filter_gradient(every_second_pixel(inputs), upstream)
+
+
+def every_second_pixel(inputs):
+    """inputs[:, ::2, ::2, :]. Over even sizes, a contiguous slice of 2x2 blocks: each block
+    row's first pixels are its first cin values (TensorFlow's strided slice of a bfloat16
+    32x28x28x512 tensor took 18.6 ms, this 1.5 ms, on a 2-core AMX Xeon)."""
+    batch, height, width, channels = inputs.shape
+    if height is None or width is None or height % 2 or width % 2:
+        return inputs[:, ::2, ::2, :]
+    blocks = tf.reshape(inputs, [-1, height // 2, 2, width // 2, 2 * channels])
+    return blocks[:, :, 0, :, :channels]
+
+
+def _takes_subsampled_gradient(inputs) -> bool:
+    """Whether a 1x1, stride-2, "same", bias-free convolution goes through
+    `_strided_pointwise_conv`: bfloat16, an output of known size up to
+    SUBSAMPLED_GRADIENT_MAX_OUTPUT, on a CPU where it was measured."""
+    height, width = inputs.shape[1:3]
+    return (
+        inputs.dtype == tf.bfloat16
+        and height is not None
+        and width is not None
+        and (max(height, width) + 1) // 2 <= SUBSAMPLED_GRADIENT_MAX_OUTPUT
+        and SUBSAMPLED_GRADIENT_MEASURED_ON in cpu_flags()
+    )
+
+
 # bfloat16 stride-1 convolutions (kernels wider than 1x1) over inputs no larger than this
 # (height and width) take their filter gradient from `shifted_filter_gradient`: ResNet-50's
 # 3x3 layers of the last stage.
@@ -237,8 +321,11 @@ def space_to_depth_filter_gradient(padded, upstream):
     in_channels, out_channels = padded.shape[-1], upstream.shape[-1]
     even = [[0, 0], [0, 2 * rows + 2 - padded.shape[1]], [0, 2 * columns + 2 - padded.shape[2]]]
     blocked = tf.pad(padded[:, : 2 * rows + 2, : 2 * columns + 2], even + [[0, 0]])
-    blocked = tf.reshape(blocked, [-1, rows + 1, 2, columns + 1, 2, in_channels])
-    offsets = [blocked[:, :, i, :, j] for i, j in ((0, 1), (0, 0), (1, 0), (1, 1))]
+    blocked = tf.reshape(blocked, [-1, rows + 1, 2, columns + 1, 2 * in_channels])
+    offsets = [  # contiguous slices (a strided one is 10x slower in bfloat16: every_second_pixel)
+        blocked[:, :, i, :, j * in_channels : (j + 1) * in_channels]
+        for i, j in ((0, 1), (0, 0), (1, 0), (1, 1))
+    ]
     blocked = tf.concat(offsets, axis=-1)  # [batch, rows + 1, columns + 1, 4 cin]
     flat_upstream = tf.reshape(upstream, [-1, out_channels])
 
@@ -275,6 +362,7 @@ def takes_space_to_depth_gradient(padded, kernel_size, strides) -> bool:
 @keras.saving.register_keras_serializable("hpcai500_tf")
 class Conv2D(layers.Conv2D):
     """Keras Conv2D that sends 1x1, stride-1, bias-free kernels through `_pointwise_conv`,
+    1x1 stride-2 bfloat16 ones with small outputs on AMX through `_strided_pointwise_conv`,
     small stride-1 bfloat16 ones wider than 1x1 through `_small_bfloat16_conv`, and strided
     bfloat16 kernels over one-column inputs through their centre column (below); every other
     convolution is the stock layer."""
@@ -284,6 +372,9 @@ class Conv2D(layers.Conv2D):
             return super().call(inputs)
         if self.kernel_size == (1, 1) and self.strides == (1, 1):
             return _pointwise_conv(inputs, tf.cast(self.kernel, inputs.dtype))
+        if self.kernel_size == (1, 1) and self.strides == (2, 2):
+            if _takes_subsampled_gradient(inputs):
+                return _strided_pointwise_conv(inputs, tf.cast(self.kernel, inputs.dtype))
         if self.strides == (1, 1) and _takes_shifted_gradient(inputs, self.kernel_size):
             return _small_bfloat16_conv(inputs, tf.cast(self.kernel, inputs.dtype))
         if inputs.dtype == tf.bfloat16 and inputs.shape[2] == 1 and self.strides[1] > 1:
