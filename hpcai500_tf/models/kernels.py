@@ -101,11 +101,11 @@ def resolve(choice: str, xla: bool = False) -> str:
 # ------------------------------------------------------------------ convolution
 
 
-def _stride_one_input_gradient(inputs, kernel, upstream, padding: str):
-    """The native input gradient of a stride-1 convolution (what the custom gradients keep)."""
+def _native_input_gradient(inputs, kernel, upstream, padding: str, stride: int = 1):
+    """The native input gradient of a convolution (what the custom gradients keep)."""
     return tf.raw_ops.Conv2DBackpropInput(
         input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream,
-        strides=[1, 1, 1, 1], padding=padding,
+        strides=[1, stride, stride, 1], padding=padding,
     )  # fmt: skip
 
 
@@ -122,7 +122,7 @@ def _pointwise_conv(inputs, kernel):
     outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="VALID")
 
     def gradient(upstream):
-        input_gradient = _stride_one_input_gradient(inputs, kernel, upstream, "VALID")
+        input_gradient = _native_input_gradient(inputs, kernel, upstream, "VALID")
         return input_gradient, pointwise_filter_gradient(inputs, upstream)
 
     return outputs, gradient
@@ -161,10 +161,7 @@ def _strided_pointwise_conv(inputs, kernel):
     def gradient(upstream):
         input_gradient = subsampled_input_gradient(upstream, kernel, inputs.shape)
         if input_gradient is None:  # odd sizes
-            input_gradient = tf.raw_ops.Conv2DBackpropInput(
-                input_sizes=tf.shape(inputs), filter=kernel, out_backprop=upstream,
-                strides=[1, 2, 2, 1], padding="SAME",
-            )  # fmt: skip
+            input_gradient = _native_input_gradient(inputs, kernel, upstream, "SAME", stride=2)
         return input_gradient, subsampled_filter_gradient(inputs, upstream)
 
     return outputs, gradient
@@ -237,7 +234,7 @@ def _small_bfloat16_conv(inputs, kernel):
     outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="SAME")
 
     def gradient(upstream):
-        input_gradient = _stride_one_input_gradient(inputs, kernel, upstream, "SAME")
+        input_gradient = _native_input_gradient(inputs, kernel, upstream, "SAME")
         return input_gradient, shifted_filter_gradient(inputs, upstream, kernel.shape[:2])
 
     return outputs, gradient
@@ -299,10 +296,7 @@ def strided_small_bfloat16_conv(padded, kernel):
     outputs = tf.nn.conv2d(padded, kernel, strides=2, padding="VALID")
 
     def gradient(upstream):
-        input_gradient = tf.raw_ops.Conv2DBackpropInput(
-            input_sizes=tf.shape(padded), filter=kernel, out_backprop=upstream,
-            strides=[1, 2, 2, 1], padding="VALID",
-        )  # fmt: skip
+        input_gradient = _native_input_gradient(padded, kernel, upstream, "VALID", stride=2)
         return input_gradient, space_to_depth_filter_gradient(padded, upstream)
 
     return outputs, gradient
