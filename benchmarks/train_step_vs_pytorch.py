@@ -7,11 +7,12 @@ timing syncs by reading the loss back. Reports the median images/s over all roun
 TF/PyTorch ratio of those medians and the median of the per-round ratios (each round's two
 runs are neighbours in time), and the kernel (system) time each side spends per step: page
 faults from an allocator that hands large buffers back to the OS show up there.
-`--keep-freed-memory` runs both sides with glibc told to keep freed memory (no mmap, no trim),
-which removes those faults for an allocator that relies on malloc. `--baseline DIR` times the
-TensorFlow step of another checkout of this project (e.g. the commit before a change) in the
-same rounds, and reports this checkout's step against it: a before/after ratio measured side
-by side. Each side imports the project from its own checkout.
+This project's commands tell glibc to keep freed memory (no mmap, no trim: freed_memory.py),
+and so does its TensorFlow side here; `--keep-freed-memory` sets the same for the PyTorch side
+and a `--baseline` checkout from before that, which removes their faults too.
+`--baseline DIR` times the TensorFlow step of another checkout of this project (e.g. the commit
+before a change) in the same rounds, and reports this checkout's step against it: a
+before/after ratio measured side by side. Each side imports the project from its own checkout.
 
     python benchmarks/train_step_vs_pytorch.py [--batch 32] [--image-size 224] [--steps 5]
         [--baseline DIR]
@@ -38,8 +39,16 @@ BASELINE = "baseline"  # the TensorFlow step of the checkout at --baseline
 def tf_step_times(
     precision: str, batch: int, image_size: int, steps: int, warmup: int, overrides=()
 ):
-    """The TensorFlow step's times; `overrides` are more config overrides ("key=value")."""
+    """The TensorFlow step's times; `overrides` are more config overrides ("key=value").
+    TensorFlow starts as the project's commands start it (glibc keeping freed memory, unless
+    the checkout predates that)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        from hpcai500_tf.freed_memory import keep_freed_memory
+    except ImportError:  # a --baseline checkout from before freed_memory.py
+        pass
+    else:
+        keep_freed_memory()
     from resnet_step import reference_engine
 
     engine, (images, labels) = reference_engine(precision, batch, image_size, overrides)

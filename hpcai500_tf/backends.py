@@ -124,6 +124,7 @@ def _load_pytorch():
     # c10d's C++ warnings (a rendezvous retrying, say: dozens of lines) kept off stderr; its
     # errors reach the run's one line. Read when torch loads; a setting of the user's is kept.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    _module("freed_memory").keep_freed_memory()  # before torch allocates
     _module("pytorch.build").import_torch()  # a missing or unusable torch is one line
     return _module("pytorch.train")
 

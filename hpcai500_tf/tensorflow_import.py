@@ -1,6 +1,7 @@
 """Importing TensorFlow for the commands that need it: one line when it is not installed, Keras
 pinned to the TensorFlow backend, TensorFlow's native start-up lines kept off the console
-(unless the user asked for them), and NVIDIA's GPU settings set before it starts.
+(unless the user asked for them), NVIDIA's GPU settings set before it starts, and glibc told
+to keep freed memory (freed_memory.py).
 
 Every entry point that runs TensorFlow (the CLI, its worker processes, the PyTorch runner's
 feeder, the tools) calls `import_tensorflow()` before any module that imports TensorFlow or
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.freed_memory import keep_freed_memory
 
 MISSING = (
     "TensorFlow is not installed: install this package with one of its TensorFlow extras, "
@@ -103,6 +105,7 @@ def import_tensorflow() -> None:
     oneDNN's, written before TF_CPP_MIN_LOG_LEVEL is read, so it cannot silence them) go to
     /dev/null; after the import the level holds."""
     pin_keras_backend()
+    keep_freed_memory()  # before TensorFlow allocates, where it has not yet
     if "tensorflow" in sys.modules:
         return
     if importlib.util.find_spec("tensorflow") is None:

@@ -320,25 +320,31 @@ def test_l5_records_the_gpu_settings_and_who_set_them(monkeypatch):
 
 
 def test_import_tensorflow_sets_the_defaults_before_tensorflow_starts():
-    """In a fresh process, as the CLI does it: the user's value kept, the other one set."""
+    """In a fresh process, as the CLI does it: the user's value kept, the other one set, and
+    glibc keeping freed memory."""
     show = (
         "import os; from hpcai500_tf.tensorflow_import import import_tensorflow, gpu_environment;"
-        "import_tensorflow(); print(gpu_environment())"
+        "from hpcai500_tf import freed_memory;"
+        "import_tensorflow(); print(gpu_environment(), freed_memory.state())"
     )
     env = {**os.environ, "TF_GPU_THREAD_MODE": "gpu_shared", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT", None)
+    for name in ("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT", "MALLOC_MMAP_MAX_",
+                 "MALLOC_TRIM_THRESHOLD_", "HPCAI500_KEEP_FREED_MEMORY"):  # fmt: skip
+        env.pop(name, None)
     result = subprocess.run(
         [sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT=1 (project default)" in result.stdout
     assert "TF_GPU_THREAD_MODE=gpu_shared (user)" in result.stdout
+    assert "kept (project default: MALLOC_MMAP_MAX_=0" in result.stdout  # glibc, freed_memory.py
 
 
 def test_a_run_records_the_devices_it_used(tf_tiny):
     _, rec = tf_tiny
     assert rec["layers"]["L5"]["devices_used"] == [CPU_DEVICE]
     assert len(rec["layers"]["L5"]["gpu_environment"]) == 2
+    assert rec["layers"]["L5"]["freed_memory"].startswith(("kept", "the user's", "off", "not set"))
     assert not any("--allow-cpu" in warning for warning in rec["warnings"])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 
-from hpcai500_tf import tensorflow_import
+from hpcai500_tf import freed_memory, tensorflow_import
 from hpcai500_tf.cluster.machine import cpu_flags
 from hpcai500_tf.engine import onednn
 
@@ -38,5 +38,6 @@ def library_layers() -> tuple[dict, dict]:
         # NVIDIA's ResNet-50 settings of TensorFlow's GPU runtime: each one's value and who
         # set it, the user or this project (inert on a CPU).
         "gpu_environment": tensorflow_import.gpu_environment(),
+        "freed_memory": freed_memory.state(),  # glibc keeping it, or why not
     }
     return l4, l5

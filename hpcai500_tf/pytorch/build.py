@@ -12,6 +12,7 @@ import platform
 import re
 import sys
 
+from hpcai500_tf import freed_memory
 from hpcai500_tf.errors import UserError
 
 MINIMUM = (2, 3)  # torch.amp.GradScaler("cuda", ...) and torch.utils.flop_counter
@@ -75,6 +76,7 @@ def library_layers(torch) -> tuple[dict, dict]:
         "numpy_version": numpy.__version__,
         "python_version": platform.python_version(),
         "python_implementation": sys.implementation.name,
+        "freed_memory": freed_memory.state(),  # glibc keeping it, or why not
     }
     return l4, l5
 

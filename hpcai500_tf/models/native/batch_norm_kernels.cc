@@ -2,6 +2,13 @@
 
 #include <cstring>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define HPCAI500_AVX512 1  // namespace vector's loops, 16 channels at a time
+#else
+#define HPCAI500_AVX512 0  // namespace scalar's loops, as the compiler vectorises them
+#endif
+
 namespace hpcai500 {
 namespace {
 
@@ -24,6 +31,8 @@ inline void Store(float f, uint16_t* out) {
 inline float Relu(float y) { return y < 0.0f ? 0.0f : y; }
 
 }  // namespace
+
+namespace scalar {
 
 template <typename S>
 void ToFloat(const S* __restrict x, int64_t n, float* __restrict out) {
@@ -142,6 +151,218 @@ void BatchNormGradApply(const S* __restrict dy, const S* __restrict x, S* __rest
         Store(a[c] * Load(dyr[c]) + slope[c] * (Load(xr[c]) - mean[c]) + constant[c], out + c);
     }
   }
+}
+
+}  // namespace scalar
+
+#if HPCAI500_AVX512
+// The same loops 16 channels at a time with AVX-512, four rows at a time where sums are kept
+// (each partial sum loaded and stored once per four rows), bfloat16 rounded by the CPU's own
+// conversion (VCVTNEPS2BF16: to nearest even, a NaN stays a NaN, but values below bfloat16's
+// smallest normal become 0, as oneDNN's bfloat16 kernels round them).
+namespace vector {
+
+inline __mmask16 Lanes(int64_t c, int64_t channels) {
+  int64_t left = channels - c;
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+inline __m512 Load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 Load(const uint16_t* p, __mmask16 m) {
+  __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline void Store(__m512 v, float* p, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void Store(__m512 v, uint16_t* p, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+// to = from where `where`, +0 elsewhere (lanes m), the bits copied.
+inline void CopyWhere(const float* from, float* to, __mmask16 where, __mmask16 m) {
+  _mm512_mask_storeu_ps(to, m, _mm512_maskz_loadu_ps(where & m, from));
+}
+inline void CopyWhere(const uint16_t* from, uint16_t* to, __mmask16 where, __mmask16 m) {
+  _mm256_mask_storeu_epi16(to, m, _mm256_maskz_loadu_epi16(where & m, from));
+}
+inline __m512 Relu(__m512 y) {  // a NaN stays a NaN
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ),
+                            _mm512_setzero_ps());
+}
+inline __mmask16 Positive(__m512 v) {
+  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+
+template <typename S>
+void BatchNormSums(const S* x, int64_t first, int64_t last, int64_t channels,
+                   const float* shift, float* sum, float* squares) {
+  int64_t r = first;
+  for (; r + 4 <= last; r += 4) {
+    const S* row = x + r * channels;
+    for (int64_t c = 0; c < channels; c += 16) {
+      __mmask16 m = Lanes(c, channels);
+      __m512 centre = Load(shift + c, m), s = Load(sum + c, m), q = Load(squares + c, m);
+      for (int k = 0; k < 4; ++k) {
+        __m512 v = _mm512_sub_ps(Load(row + k * channels + c, m), centre);
+        s = _mm512_add_ps(s, v);
+        q = _mm512_fmadd_ps(v, v, q);
+      }
+      Store(s, sum + c, m);
+      Store(q, squares + c, m);
+    }
+  }
+  if (r < last) scalar::BatchNormSums(x, r, last, channels, shift, sum, squares);
+}
+
+template <typename S>
+void BatchNormApply(const S* x, S* y, int64_t first, int64_t last, int64_t channels,
+                    const float* mean, const float* a, const float* offset, bool relu) {
+  for (int64_t r = first; r < last; ++r) {
+    const S* row = x + r * channels;
+    S* out = y + r * channels;
+    for (int64_t c = 0; c < channels; c += 16) {
+      __mmask16 m = Lanes(c, channels);
+      __m512 v = _mm512_sub_ps(Load(row + c, m), Load(mean + c, m));
+      v = _mm512_fmadd_ps(v, Load(a + c, m), Load(offset + c, m));
+      Store(relu ? Relu(v) : v, out + c, m);
+    }
+  }
+}
+
+template <typename S>
+void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t last,
+                       int64_t channels, const float* mean, const float* a,
+                       const float* offset) {
+  for (int64_t r = first; r < last; ++r) {
+    int64_t at = r * channels;
+    for (int64_t c = 0; c < channels; c += 16) {
+      __mmask16 m = Lanes(c, channels);
+      __m512 v = _mm512_sub_ps(Load(x + at + c, m), Load(mean + c, m));
+      v = _mm512_fmadd_ps(v, Load(a + c, m), Load(offset + c, m));
+      Store(Relu(_mm512_add_ps(v, Load(side + at + c, m))), y + at + c, m);
+    }
+  }
+}
+
+template <typename S>
+void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t first,
+                          int64_t last, int64_t channels, const float* mean, float* sum,
+                          float* products) {
+  int64_t r = first;
+  for (; r + 4 <= last; r += 4) {
+    for (int64_t c = 0; c < channels; c += 16) {
+      __mmask16 m = Lanes(c, channels);
+      __m512 centre = Load(mean + c, m), s = Load(sum + c, m), p = Load(products + c, m);
+      for (int k = 0; k < 4; ++k) {
+        int64_t at = (r + k) * channels + c;
+        __mmask16 passes = Positive(Load(y + at, m));
+        CopyWhere(dy + at, g + at, passes, m);
+        __m512 gv = _mm512_maskz_mov_ps(passes, Load(dy + at, m));
+        s = _mm512_add_ps(s, gv);
+        p = _mm512_fmadd_ps(gv, _mm512_sub_ps(Load(x + at, m), centre), p);
+      }
+      Store(s, sum + c, m);
+      Store(p, products + c, m);
+    }
+  }
+  if (r < last) scalar::BatchNormAddGradSums(dy, y, x, g, r, last, channels, mean, sum, products);
+}
+
+template <typename S>
+void BatchNormGradSums(const S* dy, const S* x, int64_t first, int64_t last, int64_t channels,
+                       const float* mean, const float* a, const float* offset, bool relu,
+                       float* sum, float* products) {
+  int64_t r = first;
+  for (; r + 4 <= last; r += 4) {
+    for (int64_t c = 0; c < channels; c += 16) {
+      __mmask16 m = Lanes(c, channels);
+      __m512 centre = Load(mean + c, m), scale = Load(a + c, m), shift = Load(offset + c, m);
+      __m512 s = Load(sum + c, m), p = Load(products + c, m);
+      for (int k = 0; k < 4; ++k) {
+        int64_t at = (r + k) * channels + c;
+        __m512 centred = _mm512_sub_ps(Load(x + at, m), centre);
+        __mmask16 passes = relu ? Positive(_mm512_fmadd_ps(centred, scale, shift)) : m;
+        __m512 gv = _mm512_maskz_mov_ps(passes, Load(dy + at, m));
+        s = _mm512_add_ps(s, gv);
+        p = _mm512_fmadd_ps(gv, centred, p);
+      }
+      Store(s, sum + c, m);
+      Store(p, products + c, m);
+    }
+  }
+  if (r < last)
+    scalar::BatchNormGradSums(dy, x, r, last, channels, mean, a, offset, relu, sum, products);
+}
+
+template <typename S>
+void BatchNormGradApply(const S* dy, const S* x, S* dx, int64_t first, int64_t last,
+                        int64_t channels, const float* mean, const float* a,
+                        const float* offset, const float* slope, const float* constant,
+                        bool relu) {
+  for (int64_t r = first; r < last; ++r) {
+    int64_t at = r * channels;
+    for (int64_t c = 0; c < channels; c += 16) {
+      __mmask16 m = Lanes(c, channels);
+      __m512 scale = Load(a + c, m);
+      __m512 centred = _mm512_sub_ps(Load(x + at + c, m), Load(mean + c, m));
+      __mmask16 passes = relu ? Positive(_mm512_fmadd_ps(centred, scale, Load(offset + c, m))) : m;
+      __m512 gv = _mm512_maskz_mov_ps(passes, Load(dy + at + c, m));
+      __m512 out = _mm512_fmadd_ps(Load(slope + c, m), centred, Load(constant + c, m));
+      Store(_mm512_fmadd_ps(scale, gv, out), dx + at + c, m);
+    }
+  }
+}
+
+}  // namespace vector
+namespace chosen = vector;
+#else
+namespace chosen = scalar;
+#endif
+
+bool VectorLoops() { return HPCAI500_AVX512 != 0; }
+
+template <typename S>
+void ToFloat(const S* x, int64_t n, float* out) {
+  scalar::ToFloat(x, n, out);
+}
+
+template <typename S>
+void BatchNormSums(const S* x, int64_t first, int64_t last, int64_t channels,
+                   const float* shift, float* sum, float* squares) {
+  chosen::BatchNormSums(x, first, last, channels, shift, sum, squares);
+}
+
+template <typename S>
+void BatchNormApply(const S* x, S* y, int64_t first, int64_t last, int64_t channels,
+                    const float* mean, const float* a, const float* offset, bool relu) {
+  chosen::BatchNormApply(x, y, first, last, channels, mean, a, offset, relu);
+}
+
+template <typename S>
+void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t last,
+                       int64_t channels, const float* mean, const float* a,
+                       const float* offset) {
+  chosen::BatchNormAddApply(x, side, y, first, last, channels, mean, a, offset);
+}
+
+template <typename S>
+void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t first,
+                          int64_t last, int64_t channels, const float* mean, float* sum,
+                          float* products) {
+  chosen::BatchNormAddGradSums(dy, y, x, g, first, last, channels, mean, sum, products);
+}
+
+template <typename S>
+void BatchNormGradSums(const S* dy, const S* x, int64_t first, int64_t last, int64_t channels,
+                       const float* mean, const float* a, const float* offset, bool relu,
+                       float* sum, float* products) {
+  chosen::BatchNormGradSums(dy, x, first, last, channels, mean, a, offset, relu, sum, products);
+}
+
+template <typename S>
+void BatchNormGradApply(const S* dy, const S* x, S* dx, int64_t first, int64_t last,
+                        int64_t channels, const float* mean, const float* a,
+                        const float* offset, const float* slope, const float* constant,
+                        bool relu) {
+  chosen::BatchNormGradApply(dy, x, dx, first, last, channels, mean, a, offset, slope,
+                             constant, relu);
 }
 
 #define INSTANTIATE(S)                                                                       \

@@ -8,6 +8,10 @@
 
 namespace hpcai500 {
 
+// Whether these loops were built as AVX-512 vector code (else scalar, as the compiler
+// vectorises it).
+bool VectorLoops();
+
 // out = x as float32, n values.
 template <typename S>
 void ToFloat(const S* x, int64_t n, float* out);

@@ -1,0 +1,70 @@
+"""glibc told to keep the memory a process frees, for the processes that train.
+
+By default glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh
+mapping and unmaps it on free, and gives the top of its heap back to the system: a train step
+that frees and reallocates the same large activations then page-faults through all of them on
+every step. ResNet-50's bfloat16 activations at batch 32 reach 51 MB. On a 2-core AMX Xeon the
+bfloat16 step ran 1.10x faster with glibc keeping freed memory (24.8 against 27.4 images/s,
+`benchmarks/train_step_vs_pytorch.py` with and without `--keep-freed-memory`), PyTorch's
+1.38x. The process's peak memory is the same; it is kept instead of returned between steps.
+
+`keep_freed_memory()` sets it for this process with `mallopt` (no mmap for allocations, trim
+only above 2 GiB) and for its child processes through glibc's environment variables, unless
+the user set either variable (theirs stand) or HPCAI500_KEEP_FREED_MEMORY=0. Where the C
+library is not glibc, or another allocator is preloaded, nothing is set; `state()` says which
+held, for the record (L5)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import MutableMapping
+
+SWITCH = "HPCAI500_KEEP_FREED_MEMORY"
+MMAP_MAX, TRIM_THRESHOLD = "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"
+TRIM_ABOVE = 2**31 - 1  # mallopt takes an int
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
+
+_state: str | None = None  # what keep_freed_memory() found or did in this process
+
+
+def _glibc_mallopt():
+    """glibc's mallopt, or None where the C library is not glibc or malloc is another's."""
+    try:
+        libc = ctypes.CDLL(None)
+        version = libc.gnu_get_libc_version
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    version.restype = ctypes.c_char_p
+    if os.environ.get("LD_PRELOAD", "").strip():
+        return None  # jemalloc, tcmalloc and the like replace malloc: their settings rule
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
+def keep_freed_memory(environ: MutableMapping[str, str] | None = None, mallopt=None) -> str:
+    """Tell glibc to keep freed memory in this process and its children, where the user has
+    not decided otherwise; returns `state()`."""
+    global _state
+    environ = os.environ if environ is None else environ
+    users = [f"{name}={environ[name]}" for name in (MMAP_MAX, TRIM_THRESHOLD) if name in environ]
+    if environ.get(SWITCH, "1").strip() == "0":
+        _state = f"off ({SWITCH}=0)"
+    elif users:
+        _state = f"the user's glibc settings ({', '.join(users)})"
+    else:
+        mallopt = _glibc_mallopt() if mallopt is None else mallopt
+        if mallopt is None:
+            _state = "not set: malloc is not glibc's (another C library or a preloaded one)"
+        elif mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE) == 1:
+            environ[MMAP_MAX], environ[TRIM_THRESHOLD] = "0", str(TRIM_ABOVE)
+            _state = f"kept (project default: {MMAP_MAX}=0, {TRIM_THRESHOLD}={TRIM_ABOVE})"
+        else:
+            _state = "not set: glibc's mallopt refused it"
+    return _state
+
+
+def state() -> str:
+    """How this process's allocator treats freed memory, as `keep_freed_memory` left it."""
+    return _state or "glibc's defaults (not asked to keep freed memory)"
