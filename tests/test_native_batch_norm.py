@@ -55,7 +55,7 @@ def _native(x, side, upstream, scale, offset, moving, relu, residual):
     with tf.GradientTape() as tape:
         tape.watch([x, side, scale, offset])
         if residual:
-            y, mean, variance = native.batch_norm_add(
+            y, _, mean, variance = native.batch_norm_add(
                 x, side, scale, offset, *moving, EPSILON, FACTOR
             )
         else:
@@ -124,7 +124,7 @@ def test_a_nan_survives_the_folded_relu(residual):
     x, side, _, scale, offset, moving = _inputs(tf.bfloat16)
     x = tf.tensor_scatter_nd_update(x, [[0, 0, 0, 3]], tf.constant([np.nan], tf.bfloat16))
     if residual:
-        y, _, _ = native.batch_norm_add(x, side, scale, offset, *moving, EPSILON, FACTOR)
+        y, _, _, _ = native.batch_norm_add(x, side, scale, offset, *moving, EPSILON, FACTOR)
     else:
         y, _, _ = native.batch_norm(x, scale, offset, *moving, EPSILON, FACTOR, True)
     finite = tf.reduce_all(tf.math.is_finite(tf.cast(y, tf.float32)), axis=[0, 1, 2]).numpy()
@@ -218,3 +218,39 @@ def test_xla_refuses_the_native_batch_norm_in_one_line():
     with pytest.raises(UserError, match="XLA compiles no custom op") as error:
         kernels.resolve("cpu-native-batch-norm", xla=True)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
+def test_the_gradients_of_y_and_y_again_are_added_in_the_kernel(dtype):
+    """y_again is y; its gradient and y's reach one HpcaiBatchNormAddGrad, no AddN, and give
+    exactly what one upstream gradient of their sum (in the data's precision) gives."""
+    x, side, upstream, scale, offset, moving = _inputs(dtype, shape=(3, 5, 7, 37))
+    other = tf.cast(tf.random.stateless_normal(x.shape, [13, 14]), dtype)
+
+    @tf.function
+    def both(x, side):
+        with tf.GradientTape() as tape:
+            tape.watch([x, side, scale, offset])
+            y, y_again, _, _ = native.batch_norm_add(
+                x, side, scale, offset, *moving, EPSILON, 0.1, again=True
+            )
+            loss = tf.reduce_sum(tf.cast(y * upstream, tf.float32))
+            loss += tf.reduce_sum(tf.cast(y_again * other, tf.float32))
+        return tape.gradient(loss, [x, side, scale, offset])
+
+    @tf.function
+    def summed(x, side):
+        with tf.GradientTape() as tape:
+            tape.watch([x, side, scale, offset])
+            y, _, _, _ = native.batch_norm_add(x, side, scale, offset, *moving, EPSILON, 0.1)
+        return tape.gradient(y, [x, side, scale, offset], output_gradients=upstream + other)
+
+    graph = both.get_concrete_function(x, side).graph.as_graph_def()
+    types = [node.op for node in graph.node]
+    assert "AddN" not in types and types.count("HpcaiBatchNormAddGrad") == 1
+    for got, want in zip(both(x, side), summed(x, side), strict=True):
+        np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+    y, y_again, _, _ = native.batch_norm_add(
+        x, side, scale, offset, *moving, EPSILON, 0.1, again=True
+    )
+    np.testing.assert_array_equal(tf.cast(y, tf.float32), tf.cast(y_again, tf.float32))

@@ -562,7 +562,10 @@ class FusedBatchNorm(layers.Layer):
 class NativeBatchNorm(FusedBatchNorm):
     """`FusedBatchNorm` whose training pass runs the project's own kernel (models/native.py)
     with what follows it folded in: the ReLU where `relu`; where `residual`, the layer takes
-    [x, shortcut] and gives max(bn(x) + shortcut, 0). Two passes over the data forward and
+    [x, shortcut] and gives max(bn(x) + shortcut, 0), and where `again` gives it twice,
+    [y, y_again]: one tensor, for two consumers, whose gradients the kernel adds up itself (no
+    AddN over the tensor, which the next block's two branches would need otherwise). Two
+    passes over the data forward and
     two backward, float32 sums; the ReLU's mask is recomputed from x (or read from y) in the
     gradient, and a NaN is kept (no finiteness term is needed).
 
@@ -571,10 +574,13 @@ class NativeBatchNorm(FusedBatchNorm):
     shape, 1.1-1.6x in float32; the bfloat16 train step 1.4x (docs/performance.md).
     Inference takes the parent's kernel, then the add and the ReLU."""
 
-    def __init__(self, *args, relu: bool = False, residual: bool = False, **kwargs):
+    def __init__(
+        self, *args, relu: bool = False, residual: bool = False, again: bool = False, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.relu = relu or residual
         self.residual = residual
+        self.again = again and residual
 
     def build(self, input_shape):
         super().build(input_shape[0] if self.residual else input_shape)
@@ -583,8 +589,10 @@ class NativeBatchNorm(FusedBatchNorm):
         x, shortcut = inputs if self.residual else (inputs, None)
         if not training or x.dtype not in (tf.bfloat16, tf.float32):
             outputs = super().call(x, training=training)
-            outputs = outputs if shortcut is None else outputs + shortcut
-            return tf.nn.relu(outputs) if self.relu else outputs
+            if shortcut is None:
+                return tf.nn.relu(outputs) if self.relu else outputs
+            outputs = tf.nn.relu(outputs + shortcut)
+            return [outputs, outputs] if self.again else outputs
         statistics = (self.gamma, self.beta, self.moving_mean, self.moving_variance)
         factor = 1.0 - self.momentum
         if shortcut is None:
@@ -592,18 +600,22 @@ class NativeBatchNorm(FusedBatchNorm):
                 x, *statistics, self.epsilon, factor, self.relu
             )
         else:
-            outputs, moving_mean, moving_variance = native.batch_norm_add(
-                x, shortcut, *statistics, self.epsilon, factor
+            y, y_again, moving_mean, moving_variance = native.batch_norm_add(
+                x, shortcut, *statistics, self.epsilon, factor, self.again
             )
+            outputs = [y, y_again] if self.again else y
         self.moving_mean.assign(moving_mean)
         self.moving_variance.assign(moving_variance)
         return outputs
 
     def compute_output_shape(self, input_shape):
-        return input_shape[0] if self.residual else input_shape
+        if not self.residual:
+            return input_shape
+        return [input_shape[0]] * 2 if self.again else input_shape[0]
 
     def get_config(self):
-        return {**super().get_config(), "relu": self.relu, "residual": self.residual}
+        config = {"relu": self.relu, "residual": self.residual, "again": self.again}
+        return {**super().get_config(), **config}
 
 
 # ------------------------------------------------------------------ what a model builds with

@@ -139,23 +139,32 @@ def _batch_norm_gradient(op, upstream, *_):
     return dx, dscale, doffset, None, None
 
 
-def batch_norm_add(x, side, scale, offset, moving_mean, moving_variance, epsilon, factor):
-    """max(batch_norm(x) + side, 0), the batch norm's as in `batch_norm`: (y, new moving mean,
-    new moving variance)."""
-    y, _, _, new_mean, new_variance = ops().hpcai_batch_norm_add(
+def batch_norm_add(
+    x, side, scale, offset, moving_mean, moving_variance, epsilon, factor, again=False
+):
+    """max(batch_norm(x) + side, 0), the batch norm's as in `batch_norm`: (y, y_again, new
+    moving mean, new moving variance). Where `again`, y_again is y (the same buffer) for a
+    second consumer: the gradients of the two come to this op's gradient apart, and its
+    kernel adds them up where TensorFlow would have run an AddN over the whole tensor first;
+    else y_again is None (a y_again nothing consumes would get a gradient of zeros)."""
+    y, _, _, new_mean, new_variance, y_again = ops().hpcai_batch_norm_add(
         x, side, scale, offset, moving_mean, moving_variance,
-        epsilon=epsilon, exponential_avg_factor=factor,
+        epsilon=epsilon, exponential_avg_factor=factor, again=int(again),
     )  # fmt: skip
-    return y, new_mean, new_variance
+    return y, (y_again[0] if again else None), new_mean, new_variance
 
 
 @tf.RegisterGradient("HpcaiBatchNormAdd")
-def _batch_norm_add_gradient(op, upstream, *_):
-    """Gradients of x, side, scale and offset from y's (the ReLU's mask read from y)."""
+def _batch_norm_add_gradient(op, upstream, *others):
+    """Gradients of x, side, scale and offset from those of y and y_again (the ReLU's mask
+    read from y); others: those of the statistics (not differentiated through), then
+    y_again's where it is an output."""
     x, _, scale = op.inputs[:3]
     y, mean, inv_std = op.outputs[:3]
+    again = others[4] if len(others) > 4 else None
+    upstreams = [dy for dy in (upstream, again) if dy is not None]
     dx, dside, dscale, doffset = ops().hpcai_batch_norm_add_grad(
-        upstream, y, x, scale, mean, inv_std
+        upstreams, y, x, scale, mean, inv_std
     )
     return dx, dside, dscale, doffset, None, None
 
@@ -167,3 +176,13 @@ def _batch_norm_add_flops(graph, node):
     shape = graph_util.tensor_shape_from_node_def_name(graph, node.name)
     shape.assert_is_fully_defined()
     return tf_ops.OpStats("flops", shape.num_elements())
+
+
+@tf_ops.RegisterStatistics("HpcaiBatchNormAddGrad", "flops")
+def _batch_norm_add_grad_flops(graph, node):
+    """The sum of y's and y_again's gradients, one add per element for the second, as
+    TensorFlow counts the AddN it replaces (the batch norm's own FLOPs are counted for neither
+    this op nor FusedBatchNormGradV3)."""
+    shape = graph_util.tensor_shape_from_node_def_name(graph, node.name)
+    shape.assert_is_fully_defined()
+    return tf_ops.OpStats("flops", (node.attr["N"].i - 1) * shape.num_elements())

@@ -64,7 +64,8 @@ def _batch_norm(
     zero_gamma=False,
     **folded,
 ):
-    """A batch norm of the set; `folded` (relu, residual) only for a set that folds them."""
+    """A batch norm of the set; `folded` (relu, residual, again) only for a set that folds
+    them."""
     return kernel_layers.batch_norm(
         momentum=momentum,
         epsilon=epsilon,
@@ -101,14 +102,19 @@ def bottleneck(
     bn: dict,
     zero_init_residual: bool,
     padding: str = "same",
+    last: bool = False,
 ):
     """1x1 reduce, 3x3 (carries the stride: v1.5), 1x1 expand; projection when shapes change.
     With `zero_init_residual` the last batch norm starts at gamma 0: the block starts as its
-    shortcut (the reference starts every gamma at 1)."""
-    shortcut = x
+    shortcut (the reference starts every gamma at 1). `x` is one tensor, or where the kernel
+    set folds the add into the batch norm the previous block's [y, y_again]: y for the
+    residual branch, y_again for the shortcut (their gradients meet in that block's kernel);
+    such a block gives [y, y_again] too, but the `last` of the backbone, whose output has one
+    consumer."""
+    x, shortcut = x if isinstance(x, list) else (x, x)
     out_filters = filters * EXPANSION
     if strides != 1 or x.shape[-1] != out_filters:
-        shortcut = _conv(kernel_layers, out_filters, 1, strides, f"{name}_proj_conv")(x)
+        shortcut = _conv(kernel_layers, out_filters, 1, strides, f"{name}_proj_conv")(shortcut)
         shortcut = _batch_norm(kernel_layers, f"{name}_proj_bn", **bn)(shortcut)
     x = _conv(kernel_layers, filters, 1, 1, f"{name}_1_conv")(x)
     x = _batch_norm_relu(x, kernel_layers, f"{name}_1", bn)
@@ -117,7 +123,9 @@ def bottleneck(
     x = _conv(kernel_layers, out_filters, 1, 1, f"{name}_3_conv")(x)
     last_bn = {"zero_gamma": zero_init_residual, **bn}
     if kernel_layers.folds_into_batch_norm:  # the add and its ReLU in the batch norm's kernel
-        x = _batch_norm(kernel_layers, f"{name}_3_bn", residual=True, **last_bn)([x, shortcut])
+        x = _batch_norm(kernel_layers, f"{name}_3_bn", residual=True, again=not last, **last_bn)(
+            [x, shortcut]
+        )
         x = layers.Identity(name=f"{name}_add")(x)
         return layers.Identity(name=f"{name}_out")(x)
     x = _batch_norm(kernel_layers, f"{name}_3_bn", **last_bn)(x)
@@ -151,10 +159,12 @@ def resnet_backbone(
         for block in range(count):
             strides = 2 if block == 0 and stage > 2 else 1
             name = f"stage{stage}_block{block + 1}"
+            last = stage == len(blocks) + 1 and block == count - 1
             x = bottleneck(
-                x, kernel_layers, filters, strides, name, bn, zero_init_residual, stride_padding
-            )
-        stage_outputs.append(x)
+                x, kernel_layers, filters, strides, name, bn, zero_init_residual, stride_padding,
+                last,
+            )  # fmt: skip
+        stage_outputs.append(x[0] if isinstance(x, list) else x)
     return stage_outputs
 
 

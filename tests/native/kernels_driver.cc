@@ -83,10 +83,16 @@ void RunAll(const char* kind, int64_t rows, int64_t channels) {
   BatchNormAddApply(x.data(), side.data(), y.data(), 0, rows, channels, mean.data(), a.data(),
                     offset.data());
   Print("add_apply", y);
-  zero();
-  BatchNormAddGradSums(dy.data(), y.data(), x.data(), g.data(), 0, rows, channels, mean.data(),
-                       sum.data(), other.data());
-  Print("add_grad_passed", g), Print("add_grad_sums", sum), Print("add_grad_products", other);
+  const S* no_second = nullptr;
+  for (const S* again : {no_second, static_cast<const S*>(side.data())}) {  // one dy, then two
+    zero();
+    BatchNormAddGradSums(dy.data(), again, y.data(), x.data(), g.data(), 0, rows, channels,
+                         mean.data(), sum.data(), other.data());
+    const char* names[2][3] = {{"add_grad_passed", "add_grad_sums", "add_grad_products"},
+                               {"add_grad2_passed", "add_grad2_sums", "add_grad2_products"}};
+    const auto& name = names[again != nullptr];
+    Print(name[0], g), Print(name[1], sum), Print(name[2], other);
+  }
 }
 
 }  // namespace

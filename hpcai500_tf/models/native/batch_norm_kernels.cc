@@ -85,8 +85,9 @@ void BatchNormAddApply(const S* __restrict x, const S* __restrict side, S* __res
 }
 
 template <typename S>
-void BatchNormAddGradSums(const S* __restrict dy, const S* __restrict y, const S* __restrict x,
-                          S* __restrict g, int64_t first, int64_t last, int64_t channels,
+void BatchNormAddGradSums(const S* __restrict dy, const S* __restrict dy_again,
+                          const S* __restrict y, const S* __restrict x, S* __restrict g,
+                          int64_t first, int64_t last, int64_t channels,
                           const float* __restrict mean, float* __restrict sum,
                           float* __restrict products) {
   const S zero{};  // +0 in either storage
@@ -95,8 +96,12 @@ void BatchNormAddGradSums(const S* __restrict dy, const S* __restrict y, const S
     const S* __restrict yr = y + r * channels;
     const S* __restrict xr = x + r * channels;
     S* __restrict gr = g + r * channels;
+    if (dy_again != nullptr) {
+      const S* __restrict again = dy_again + r * channels;
+      for (int64_t c = 0; c < channels; ++c) Store(Load(dyr[c]) + Load(again[c]), gr + c);
+    }
     for (int64_t c = 0; c < channels; ++c) {
-      S bits = Load(yr[c]) > 0.0f ? dyr[c] : zero;
+      S bits = Load(yr[c]) > 0.0f ? (dy_again != nullptr ? gr[c] : dyr[c]) : zero;
       gr[c] = bits;
       float gv = Load(bits);
       sum[c] += gv;
@@ -242,9 +247,9 @@ void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t l
 }
 
 template <typename S>
-void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t first,
-                          int64_t last, int64_t channels, const float* mean, float* sum,
-                          float* products) {
+void BatchNormAddGradSums(const S* dy, const S* dy_again, const S* y, const S* x, S* g,
+                          int64_t first, int64_t last, int64_t channels, const float* mean,
+                          float* sum, float* products) {
   int64_t r = first;
   for (; r + 4 <= last; r += 4) {
     for (int64_t c = 0; c < channels; c += 16) {
@@ -253,8 +258,14 @@ void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t fir
       for (int k = 0; k < 4; ++k) {
         int64_t at = (r + k) * channels + c;
         __mmask16 passes = Positive(Load(y + at, m));
-        CopyWhere(dy + at, g + at, passes, m);
-        __m512 gv = _mm512_maskz_mov_ps(passes, Load(dy + at, m));
+        __m512 gv;
+        if (dy_again != nullptr) {  // the sum as S holds it: stored, then read back
+          Store(_mm512_maskz_add_ps(passes, Load(dy + at, m), Load(dy_again + at, m)), g + at, m);
+          gv = Load(g + at, m);
+        } else {
+          CopyWhere(dy + at, g + at, passes, m);
+          gv = _mm512_maskz_mov_ps(passes, Load(dy + at, m));
+        }
         s = _mm512_add_ps(s, gv);
         p = _mm512_fmadd_ps(gv, _mm512_sub_ps(Load(x + at, m), centre), p);
       }
@@ -262,7 +273,8 @@ void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t fir
       Store(p, products + c, m);
     }
   }
-  if (r < last) scalar::BatchNormAddGradSums(dy, y, x, g, r, last, channels, mean, sum, products);
+  if (r < last)
+    scalar::BatchNormAddGradSums(dy, dy_again, y, x, g, r, last, channels, mean, sum, products);
 }
 
 template <typename S>
@@ -343,10 +355,11 @@ void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t l
 }
 
 template <typename S>
-void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t first,
-                          int64_t last, int64_t channels, const float* mean, float* sum,
-                          float* products) {
-  chosen::BatchNormAddGradSums(dy, y, x, g, first, last, channels, mean, sum, products);
+void BatchNormAddGradSums(const S* dy, const S* dy_again, const S* y, const S* x, S* g,
+                          int64_t first, int64_t last, int64_t channels, const float* mean,
+                          float* sum, float* products) {
+  chosen::BatchNormAddGradSums(dy, dy_again, y, x, g, first, last, channels, mean, sum,
+                               products);
 }
 
 template <typename S>
@@ -373,8 +386,8 @@ void BatchNormGradApply(const S* dy, const S* x, S* dx, int64_t first, int64_t l
                                   const float*, const float*, bool);                       \
   template void BatchNormAddApply<S>(const S*, const S*, S*, int64_t, int64_t, int64_t,     \
                                      const float*, const float*, const float*);            \
-  template void BatchNormAddGradSums<S>(const S*, const S*, const S*, S*, int64_t, int64_t, \
-                                        int64_t, const float*, float*, float*);            \
+  template void BatchNormAddGradSums<S>(const S*, const S*, const S*, const S*, S*, int64_t, \
+                                        int64_t, int64_t, const float*, float*, float*);   \
   template void BatchNormGradSums<S>(const S*, const S*, int64_t, int64_t, int64_t,         \
                                      const float*, const float*, const float*, bool, float*, \
                                      float*);                                              \

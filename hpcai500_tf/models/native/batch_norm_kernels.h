@@ -32,11 +32,12 @@ void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t l
                        int64_t channels, const float* mean, const float* a,
                        const float* offset);
 
-// g = dy where y > 0, else 0, written to `g`; sum += g, products += g (x - mean).
+// g = dy (dy + dy_again, rounded to S, where dy_again is not null) where y > 0, else 0,
+// written to `g`; sum += g, products += g (x - mean).
 template <typename S>
-void BatchNormAddGradSums(const S* dy, const S* y, const S* x, S* g, int64_t first,
-                          int64_t last, int64_t channels, const float* mean, float* sum,
-                          float* products);
+void BatchNormAddGradSums(const S* dy, const S* dy_again, const S* y, const S* x, S* g,
+                          int64_t first, int64_t last, int64_t channels, const float* mean,
+                          float* sum, float* products);
 
 // g = dy, or 0 where relu and (x - mean) a + offset is not positive;
 // sum += g, products += g (x - mean).

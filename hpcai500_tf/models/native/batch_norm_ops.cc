@@ -64,13 +64,20 @@ REGISTER_OP("HpcaiBatchNormAdd")
     .Output("batch_inv_std: float")
     .Output("new_moving_mean: float")
     .Output("new_moving_variance: float")
+    .Output("y_again: again * T")  // again 1: y once more, for a second consumer; 0: none
     .Attr("T: {bfloat16, float}")
     .Attr("epsilon: float")
     .Attr("exponential_avg_factor: float")
-    .SetShapeFn(ForwardShapes);
+    .Attr("again: int >= 0 = 0")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ForwardShapes(c));
+      if (c->num_outputs() > 5) c->set_output(5, c->output(0));
+      return absl::OkStatus();
+    });
 
+// dy: the gradients of y and, where it was used, of y_again (N = 2), added up here.
 REGISTER_OP("HpcaiBatchNormAddGrad")
-    .Input("dy: T")
+    .Input("dy: N * T")
     .Input("y: T")
     .Input("x: T")
     .Input("scale: float")
@@ -81,10 +88,12 @@ REGISTER_OP("HpcaiBatchNormAddGrad")
     .Output("dscale: float")
     .Output("doffset: float")
     .Attr("T: {bfloat16, float}")
+    .Attr("N: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle x, channels;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(2), 2, &x));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &channels));
+      const int after = c->num_inputs() - 4;  // x, then scale
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(after), 2, &x));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(after + 1), 1, &channels));
       for (int i = 0; i < 2; ++i) c->set_output(i, x);
       for (int i = 2; i < 4; ++i) c->set_output(i, channels);
       return absl::OkStatus();
@@ -211,6 +220,7 @@ class BatchNormOp : public OpKernel {
     if (!OneValuePerChannel(ctx, kScale, kScale + 4, channels)) return;
     Tensor* y_out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x_in.shape(), &y_out));
+    if (kAdd && ctx->num_outputs() > 5) ctx->set_output(5, *y_out);  // y_again: same buffer
     float* out[4];
     for (int i = 0; i < 4; ++i) {
       Tensor* t;
@@ -270,29 +280,36 @@ class BatchNormOp : public OpKernel {
 };
 
 // Backward: HpcaiBatchNormGrad (kAdd false: dy, x, scale, offset, mean, inverse std; the
-// ReLU's mask recomputed from x) and HpcaiBatchNormAddGrad (kAdd true: dy, y, x, scale,
-// mean, inverse std; the mask from y, and dside, dy where it passed, as an output too).
+// ReLU's mask recomputed from x) and HpcaiBatchNormAddGrad (kAdd true: one or two dy, y, x,
+// scale, mean, inverse std; the mask from y, and dside, the dy sum where it passed, as an
+// output too). Two dy are the gradients of y and y_again, whose sum TensorFlow would
+// otherwise add up in an AddN of its own: a pass less over the data each.
 template <typename T, bool kAdd>
 class BatchNormGradOp : public OpKernel {
  public:
   explicit BatchNormGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     if (kAdd) {
       relu_ = true;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &upstreams_));
+      OP_REQUIRES(ctx, upstreams_ <= 2, absl::InvalidArgumentError("at most two dy"));
     } else {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
     }
   }
 
   void Compute(OpKernelContext* ctx) override {
-    constexpr int kX = kAdd ? 2 : 1;
+    const int more = upstreams_ - 1;  // inputs after dy sit this much further on
+    const int kX = (kAdd ? 2 : 1) + more;
     const Tensor& dy_in = ctx->input(0);
     const Tensor& x_in = ctx->input(kX);
-    OP_REQUIRES(ctx, dy_in.shape() == x_in.shape() && x_in.dims() >= 2,
-                absl::InvalidArgumentError("dy and x need one shape, with a channel dimension"));
-    OP_REQUIRES(ctx, !kAdd || ctx->input(1).shape() == x_in.shape(),
+    for (int i = 0; i <= more; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).shape() == x_in.shape() && x_in.dims() >= 2,
+                  absl::InvalidArgumentError("dy and x need one shape, with a channel dimension"));
+    }
+    OP_REQUIRES(ctx, !kAdd || ctx->input(kX - 1).shape() == x_in.shape(),
                 absl::InvalidArgumentError("y needs the shape of x"));
     const int64_t channels = Channels(x_in);
-    if (!OneValuePerChannel(ctx, kX + 1, 6, channels)) return;
+    if (!OneValuePerChannel(ctx, kX + 1, 6 + more, channels)) return;
     Tensor *dx_out, *dside_out = nullptr, *dscale_out, *doffset_out;
     int next = 0;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, x_in.shape(), &dx_out));
@@ -309,8 +326,9 @@ class BatchNormGradOp : public OpKernel {
     const auto* x = Data<T>(x_in);
     const float* scale = ctx->input(kX + 1).flat<float>().data();
     const float* offset = kAdd ? nullptr : ctx->input(3).flat<float>().data();
-    const float* mean = ctx->input(4).flat<float>().data();
-    const float* inv_std = ctx->input(5).flat<float>().data();
+    const float* mean = ctx->input(4 + more).flat<float>().data();
+    const float* inv_std = ctx->input(5 + more).flat<float>().data();
+    const auto* dy_again = more ? Data<T>(ctx->input(1)) : nullptr;
     std::vector<float> a(channels);
     for (int64_t c = 0; c < channels; ++c) a[c] = scale[c] * inv_std[c];
     Blocks blocks(rows, channels);
@@ -321,8 +339,8 @@ class BatchNormGradOp : public OpKernel {
         ctx, blocks, channels,
         [&](int64_t from, int64_t to, float* s, float* p) {
           if (kAdd) {
-            BatchNormAddGradSums(dy, Data<T>(ctx->input(1)), x, passed, from, to, channels,
-                                 mean, s, p);
+            BatchNormAddGradSums(dy, dy_again, Data<T>(ctx->input(kX - 1)), x, passed, from, to,
+                                 channels, mean, s, p);
           } else {
             BatchNormGradSums(dy, x, from, to, channels, mean, a.data(), offset, relu, s, p);
           }
@@ -355,6 +373,7 @@ class BatchNormGradOp : public OpKernel {
 
  private:
   bool relu_;
+  int upstreams_ = 1;
 };
 
 #define REGISTER(NAME, CLASS, T, ADD)                                               \
