@@ -3,10 +3,13 @@
 By default glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh
 mapping and unmaps it on free, and gives the top of its heap back to the system: a train step
 that frees and reallocates the same large activations then page-faults through all of them on
-every step. ResNet-50's bfloat16 activations at batch 32 reach 51 MB. On a 2-core AMX Xeon the
-bfloat16 step ran 1.10x faster with glibc keeping freed memory (24.8 against 27.4 images/s,
-`benchmarks/train_step_vs_pytorch.py` with and without `--keep-freed-memory`), PyTorch's
-1.38x. The process's peak memory is the same; it is kept instead of returned between steps.
+every step. ResNet-50's bfloat16 activations at batch 32 reach 51 MB. On a 2-core AMX Xeon,
+keeping freed memory took the plain PyTorch bf16 step from 13.75-13.96 to 19.15-19.75
+images/s (1.40x; 276,000-401,000 page faults per step to 0-1,254), its peak memory from
+2,447-2,515 to 2,891-2,920 MiB; this project's TensorFlow step gained nothing measurable
+(1.007x over three alternated pairs, peak memory within 1 %; its page faults vary from 1,300
+to 25,000 per step between runs with either setting). Measured with
+`benchmarks/train_step_vs_pytorch.py --one ...` (docs/performance.md).
 
 `keep_freed_memory()` sets it for this process with `mallopt` (no mmap for allocations, trim
 only above 2 GiB) and for its child processes through glibc's environment variables, unless
