@@ -15,7 +15,6 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.freed_memory import keep_freed_memory
 
 MISSING = (
     "TensorFlow is not installed: install this package with one of its TensorFlow extras, "
@@ -104,6 +103,8 @@ def import_tensorflow() -> None:
     its native libraries write to fd 2 while they load (absl's pre-initialisation notice,
     oneDNN's, written before TF_CPP_MIN_LOG_LEVEL is read, so it cannot silence them) go to
     /dev/null; after the import the level holds."""
+    from hpcai500_tf.freed_memory import keep_freed_memory  # loaded by the commands that train
+
     pin_keras_backend()
     keep_freed_memory()  # before TensorFlow allocates, where it has not yet
     if "tensorflow" in sys.modules:
