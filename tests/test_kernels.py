@@ -112,6 +112,44 @@ def test_auto_resolves_by_the_device_and_the_cpu(monkeypatch):
     )  # fmt: skip
 
 
+def test_auto_says_why_it_runs_the_workarounds_where_the_native_kernel_did_not_build(
+    monkeypatch,
+):
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [])
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_bf16"})
+    monkeypatch.setattr(native, "unavailable", lambda: "the ops did not build or load: denied")
+    said = kernels.auto_fallback("auto")
+    assert said == (
+        "kernels 'auto' runs 'cpu-workarounds' here, not 'cpu-native-batch-norm' (the faster "
+        "on this CPU, docs/performance.md): the ops did not build or load: denied"
+    )
+    # Nothing to say: another choice, XLA (which runs no custom op), a CPU without AMX, a GPU.
+    assert kernels.auto_fallback("cpu-workarounds") is None
+    assert kernels.auto_fallback("auto", xla=True) is None
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx2"})
+    assert kernels.auto_fallback("auto") is None
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setattr(native, "unavailable", lambda: None)
+    assert kernels.auto_fallback("auto") is None
+    monkeypatch.setattr(native, "unavailable", lambda: "no C++ compiler (g++)")
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: ["GPU:0"])
+    assert kernels.auto_fallback("auto") is None
+
+
+def test_a_run_records_why_auto_did_not_take_the_native_kernel(monkeypatch):
+    from hpcai500_tf import config
+    from hpcai500_tf.engine import run
+    from hpcai500_tf.run.options import RunOptions
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
+    monkeypatch.setattr(native, "unavailable", lambda: "no C++ compiler (g++) to build the ops")
+    trainer = run.build_trainer(config.prepare("image_classification", "tiny", []), RunOptions())
+    assert trainer.workload.kernels == "cpu-workarounds"
+    assert [w for w in trainer.warnings if w.startswith("kernels 'auto' runs")] == [
+        kernels.auto_fallback("auto")
+    ]
+
+
 def test_an_unknown_kernels_value_is_refused_in_one_line_naming_it():
     with pytest.raises(UserError, match="unknown kernels 'fast'") as error:
         kernels.resolve("fast")

@@ -22,6 +22,7 @@ from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.engine.loop import Engine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import count_function
+from hpcai500_tf.models import kernels
 from hpcai500_tf.run import data_position
 from hpcai500_tf.run.lifecycle import run as run_lifecycle
 from hpcai500_tf.run.options import RunOptions
@@ -167,6 +168,12 @@ def build_trainer(setup: Setup, options: RunOptions, view=None) -> TensorFlowTra
         warnings.append(warning)
         if chief_view:
             chief_view.message(warning)
+    model, training = setup.config.get("model", {}), setup.config.get("training", {})
+    fallback = kernels.auto_fallback(model.get("kernels", "auto"), bool(training.get("xla")))
+    if fallback:  # a run that could have been faster says why it was not
+        warnings.append(fallback)
+        if chief_view:
+            chief_view.message(fallback)
     if trainer.workers > 1:
         check_multi_worker(trainer, fingerprint(setup.config))
     warnings += trainer.check_data(chief_view)  # e.g. fewer validation files than workers
