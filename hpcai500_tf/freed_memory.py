@@ -24,6 +24,7 @@ import os
 from collections.abc import MutableMapping
 
 SWITCH = "HPCAI500_KEEP_FREED_MEMORY"
+SET_BY_PROJECT = "HPCAI500_FREED_MEMORY_SET"  # children: the MALLOC_ variables are ours
 MMAP_MAX, TRIM_THRESHOLD = "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"
 TRIM_ABOVE = 2**31 - 1  # mallopt takes an int
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
@@ -51,8 +52,12 @@ def keep_freed_memory(environ: MutableMapping[str, str] | None = None, mallopt=N
     not decided otherwise; returns `state()`."""
     global _state
     environ = os.environ if environ is None else environ
+    if _state is not None and environ is os.environ:
+        return _state  # asked again in the same process
     users = [f"{name}={environ[name]}" for name in (MMAP_MAX, TRIM_THRESHOLD) if name in environ]
-    if environ.get(SWITCH, "1").strip() == "0":
+    if environ.get(SET_BY_PROJECT) == "1" and users:
+        _state = f"kept (project default, from the parent process: {', '.join(users)})"
+    elif environ.get(SWITCH, "1").strip() == "0":
         _state = f"off ({SWITCH}=0)"
     elif users:
         _state = f"the user's glibc settings ({', '.join(users)})"
@@ -62,6 +67,7 @@ def keep_freed_memory(environ: MutableMapping[str, str] | None = None, mallopt=N
             _state = "not set: malloc is not glibc's (another C library or a preloaded one)"
         elif mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE) == 1:
             environ[MMAP_MAX], environ[TRIM_THRESHOLD] = "0", str(TRIM_ABOVE)
+            environ[SET_BY_PROJECT] = "1"
             _state = f"kept (project default: {MMAP_MAX}=0, {TRIM_THRESHOLD}={TRIM_ABOVE})"
         else:
             _state = "not set: glibc's mallopt refused it"

@@ -329,7 +329,8 @@ def test_import_tensorflow_sets_the_defaults_before_tensorflow_starts():
     )
     env = {**os.environ, "TF_GPU_THREAD_MODE": "gpu_shared", "TF_CPP_MIN_LOG_LEVEL": "2"}
     for name in ("TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT", "MALLOC_MMAP_MAX_",
-                 "MALLOC_TRIM_THRESHOLD_", "HPCAI500_KEEP_FREED_MEMORY"):  # fmt: skip
+                 "MALLOC_TRIM_THRESHOLD_", "HPCAI500_KEEP_FREED_MEMORY",
+                 "HPCAI500_FREED_MEMORY_SET"):  # fmt: skip
         env.pop(name, None)
     result = subprocess.run(
         [sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=300

@@ -28,8 +28,14 @@ def test_sets_this_process_and_its_children():
     environ, calls = {}, []
     said = freed_memory.keep_freed_memory(environ, _recording_mallopt(calls))
     assert calls == [(freed_memory.M_MMAP_MAX, 0), (freed_memory.M_TRIM_THRESHOLD, 2**31 - 1)]
-    assert environ == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+    assert environ == {
+        "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1),
+        "HPCAI500_FREED_MEMORY_SET": "1",
+    }  # fmt: skip
     assert said.startswith("kept (project default") and freed_memory.state() == said
+    # A child inherits them: the project's, not the user's.
+    child = freed_memory.keep_freed_memory(dict(environ), _recording_mallopt([]))
+    assert child.startswith("kept (project default, from the parent process")
 
 
 @pytest.mark.parametrize(
@@ -78,7 +84,8 @@ print(faults[1])
 
 @pytest.mark.skipif(freed_memory._glibc_mallopt() is None, reason="malloc is not glibc's")
 def test_a_freed_buffer_is_reused_without_faulting_again(monkeypatch):
-    for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "HPCAI500_KEEP_FREED_MEMORY"):
+    for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "HPCAI500_KEEP_FREED_MEMORY",
+                 "HPCAI500_FREED_MEMORY_SET"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
 
     def second_round_faults(mode: str) -> int:
