@@ -176,6 +176,41 @@ def test_a_native_model_builds_the_workarounds_layers_and_counts_their_flops():
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("last_stage", [3, 4])
+def test_a_backbone_cut_early_ends_on_a_block_with_one_output(last_stage):
+    """The EWA detector cuts the backbone after stage 3 or 4: the block it ends on gives y once
+    (nothing would take y_again, whose gradient would be zeros added in the kernel), every
+    block before it twice; later stages are not built, and the FLOPs are the workarounds'."""
+    images = keras.Input((32, 32, 16))
+    built = {}
+    for choice in ("cpu-workarounds", "cpu-native-batch-norm"):
+        keras.utils.set_random_seed(0)
+        outputs = resnet.resnet_backbone(
+            images, 0.125, (1, 1, 1, 1), kernels=choice, last_stage=last_stage
+        )
+        built[choice] = keras.Model(images, outputs[-1])
+        assert len(outputs) == last_stage - 1
+    model = built["cpu-native-batch-norm"]
+    folded = [layer for layer in model.layers if getattr(layer, "residual", False)]
+    assert [layer.again for layer in folded] == [True] * (last_stage - 2) + [False]
+    assert not any(layer.name.startswith(f"stage{last_stage + 1}") for layer in model.layers)
+
+    def step(model):
+        @tf.function
+        def train(images):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(images, training=True) ** 2)
+            return tape.gradient(loss, model.trainable_variables)
+
+        return train
+
+    data = tf.random.stateless_normal([2, 32, 32, 16], [2, 3])
+    counts = [count_function(step(m), data, batch=2).total for m in built.values()]
+    assert counts[0] == counts[1] > 0
+    with pytest.raises(ValueError, match="last_stage must be 2 to 5"):
+        resnet.resnet_backbone(images, last_stage=6)
+
+
 def test_a_checkpoint_of_a_native_model_restores_into_the_workarounds(tmp_path):
     """A run stopped on a CPU with AMX resumes on one without (where "auto" differs)."""
     keras.utils.set_random_seed(0)
@@ -254,3 +289,13 @@ def test_the_gradients_of_y_and_y_again_are_added_in_the_kernel(dtype):
         x, side, scale, offset, *moving, EPSILON, 0.1, again=True
     )
     np.testing.assert_array_equal(tf.cast(y, tf.float32), tf.cast(y_again, tf.float32))
+
+
+def test_y_given_more_than_twice_is_refused():
+    """The op's attr allows any count of y_again; the kernel gives one at most, and says so."""
+    x, side, _, scale, offset, moving = _inputs(tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="again is 0 or 1"):
+        native.ops().hpcai_batch_norm_add(
+            x=x, side=side, scale=scale, offset=offset, moving_mean=moving[0],
+            moving_variance=moving[1], epsilon=EPSILON, exponential_avg_factor=0.1, again=2,
+        )  # fmt: skip

@@ -132,10 +132,10 @@ class FasterRCNN(keras.Model):
         self.proposals_train, self.proposals_eval = proposals_train, proposals_eval
         self.max_detections = max_detections
         images = keras.Input(image_shape, name="images")
-        stages = resnet.resnet_backbone(
-            images, width, blocks, bn_momentum, bn_epsilon, zero_init_residual, kernels
-        )
-        features = stages[feature_stage - 2]
+        features = resnet.resnet_backbone(
+            images, width, blocks, bn_momentum, bn_epsilon, zero_init_residual, kernels,
+            last_stage=feature_stage,
+        )[-1]  # fmt: skip
         self.backbone = keras.Model(images, features, name="backbone")
         self.anchors = tf.constant(
             anchor_boxes(height, width_px, self.stride, anchor_sizes, anchor_ratios)

@@ -142,24 +142,31 @@ def resnet_backbone(
     zero_init_residual: bool = True,
     kernels: str = "auto",
     stride_padding: str = "same",
+    last_stage: int = 5,
 ) -> list:
-    """Stem and four stages; returns the output of every stage (C2..C5). Each stage halves
-    the resolution in its first block (but stage 2, after the stem's pool). (The EWA detector
-    keeps the defaults: no reference code fixes its backbone's forms.)"""
+    """Stem and the stages up to `last_stage` (5: all four); returns the output of every stage
+    built (C2..C5). Each stage halves the resolution in its first block (but stage 2, after
+    the stem's pool). A model cut before stage 5 (the EWA detector) names its cut here, so
+    that the block it ends on gives one output. (The EWA detector keeps the defaults: no
+    reference code fixes its backbone's forms.)"""
     if width <= 0 or len(blocks) != 4 or min(blocks) < 1:
         raise ValueError(
             f"width must be > 0 and blocks four positive counts, got {width}, {blocks}"
         )
+    if not 2 <= last_stage <= 5:
+        raise ValueError(f"last_stage must be 2 to 5, got {last_stage}")
     kernel_layers = layer_set(kernels)
     bn = {"momentum": bn_momentum, "epsilon": bn_epsilon}
     x = stem(inputs, kernel_layers, max(8, int(64 * width)), bn, stride_padding)
     stage_outputs = []
     for stage, (filters, count) in enumerate(zip(STAGE_FILTERS, blocks, strict=True), start=2):
+        if stage > last_stage:
+            break
         filters = max(8, int(filters * width))
         for block in range(count):
             strides = 2 if block == 0 and stage > 2 else 1
             name = f"stage{stage}_block{block + 1}"
-            last = stage == len(blocks) + 1 and block == count - 1
+            last = stage == last_stage and block == count - 1
             x = bottleneck(
                 x, kernel_layers, filters, strides, name, bn, zero_init_residual, stride_padding,
                 last,

@@ -86,7 +86,7 @@ def weather_conv_shapes(plan: SweepPlan) -> list[timed_ops.ConvShape]:
     from hpcai500_tf.models.resnet import resnet_backbone
 
     images = keras.Input((768, 1152, 16))
-    first_stage = keras.Model(images, resnet_backbone(images)[0])
+    first_stage = keras.Model(images, resnet_backbone(images, last_stage=2)[0])
     return [s for s, _ in workload.layer_shapes(first_stage, 1)]
 
 

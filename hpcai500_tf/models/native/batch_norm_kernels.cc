@@ -2,7 +2,8 @@
 
 #include <cstring>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__)
 #include <immintrin.h>
 #define HPCAI500_AVX512 1  // namespace vector's loops, 16 channels at a time
 #else

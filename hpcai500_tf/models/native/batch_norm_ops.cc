@@ -65,6 +65,7 @@ REGISTER_OP("HpcaiBatchNormAdd")
     .Output("new_moving_mean: float")
     .Output("new_moving_variance: float")
     .Output("y_again: again * T")  // again 1: y once more, for a second consumer; 0: none
+                                    // (more is refused by the kernel)
     .Attr("T: {bfloat16, float}")
     .Attr("epsilon: float")
     .Attr("exponential_avg_factor: float")
@@ -204,6 +205,9 @@ class BatchNormOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("exponential_avg_factor", &factor_));
     if (kAdd) {
       relu_ = true;
+      int again;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("again", &again));
+      OP_REQUIRES(ctx, again <= 1, absl::InvalidArgumentError("again is 0 or 1"));
     } else {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
     }
