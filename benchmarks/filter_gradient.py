@@ -4,17 +4,13 @@ Conv2DBackpropFilter against the matrix products the model uses instead, at batc
 (`models/kernels.py: pointwise_filter_gradient`), for the 3x3 layers (`--kernel 3`) one per
 kernel tap (`shifted_filter_gradient`, which the model takes in bfloat16 up to 7x7); with
 `--kernel 1 --stride 2`, the 1x1 stride-2 projections against the subsampled input's matmul
-(`subsampled_filter_gradient`, which the model takes in bfloat16 at outputs up to 14x14 on AMX);
-with `--kernel 1 --split`, the 1x1 layers' one matmul against two over the halves of the
-positions, added (`pointwise_filter_gradient(split=True)`, which the model takes on AMX over
-at least `SPLIT_FILTER_GRADIENT_MIN_ROWS` positions).
+(`subsampled_filter_gradient`, which the model takes in bfloat16 at outputs up to 14x14 on AMX).
 
 Both sides run as tf.functions on the same tensors, one after the other, median of repeated
 calls after a warm-up; each call is synced by reading one value back. Prints each unique shape
 and the FLOP-weighted total (time over all those layers of the model, counting repeats).
 
-    python benchmarks/filter_gradient.py [--kernel 1] [--stride 1] [--split] [--batch 32]
-        [--repeats 7]
+    python benchmarks/filter_gradient.py [--kernel 1] [--stride 1] [--batch 32] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -41,12 +37,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--kernel", type=int, default=1, choices=(1, 3))
     parser.add_argument("--stride", type=int, default=1, choices=(1, 2))
-    parser.add_argument("--split", action="store_true", help="one matmul against two halves")
     args = parser.parse_args()
     if args.stride == 2 and args.kernel != 1:
         parser.error("--stride 2 times the 1x1 layers only (--kernel 1)")
-    if args.split and (args.kernel, args.stride) != (1, 1):
-        parser.error("--split times the 1x1 stride-1 layers only (--kernel 1 --stride 1)")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -62,8 +55,6 @@ def main() -> None:
 
     @tf.function
     def native_filter_gradient(inputs, upstream):
-        if args.split:  # the peer: one matmul
-            return pointwise_filter_gradient(inputs, upstream, split=False)
         return tf.raw_ops.Conv2DBackpropFilter(
             input=inputs,
             filter_sizes=[size, size, inputs.shape[-1], upstream.shape[-1]],
@@ -77,7 +68,7 @@ def main() -> None:
         if stride == 2:
             return subsampled_filter_gradient(inputs, upstream)
         if size == 1:
-            return pointwise_filter_gradient(inputs, upstream, split=True if args.split else None)
+            return pointwise_filter_gradient(inputs, upstream)
         return shifted_filter_gradient(inputs, upstream, (size, size))
 
     shapes = [
@@ -85,7 +76,6 @@ def main() -> None:
         for shape, count in layer_shapes(resnet50_v15(), args.batch)
         if shape.kernel == size and shape.stride == stride and shape.height > 1
     ]
-    peer, ours = ("one matmul", "halves") if args.split else ("Conv2DBackpropFilter", "matmul")
     for dtype in (tf.float32, tf.bfloat16):
         totals = {"native": 0.0, "matmul": 0.0}
         print(
@@ -103,12 +93,12 @@ def main() -> None:
             totals["matmul"] += matmul * count
             print(
                 f"  {shape.pixels:>5s} {shape.cin:4d}->{shape.cout:<4d} x{count:<2d}  "
-                f"{peer} {shape.flops() / native / 1e9:7.1f}  "
-                f"{ours} {shape.flops() / matmul / 1e9:7.1f}  speed-up {native / matmul:.2f}x"
+                f"Conv2DBackpropFilter {shape.flops() / native / 1e9:7.1f}  "
+                f"matmul {shape.flops() / matmul / 1e9:7.1f}  speed-up {native / matmul:.2f}x"
             )
         print(
-            f"  all {size}x{size} layers: {totals['native'] * 1e3:.1f} ms {peer}, "
-            f"{totals['matmul'] * 1e3:.1f} ms {ours} -> {totals['native'] / totals['matmul']:.2f}x"
+            f"  all {size}x{size} layers: {totals['native'] * 1e3:.1f} ms native, "
+            f"{totals['matmul'] * 1e3:.1f} ms matmul -> {totals['native'] / totals['matmul']:.2f}x"
         )
 
 

@@ -421,41 +421,6 @@ def test_small_bfloat16_3x3_conv_takes_the_shifted_gradient_and_trains(size, shi
     assert np.all(np.abs(gradient - products[0]) <= 0.05 * products[1])
 
 
-@pytest.mark.parametrize(
-    "flags,rows,split",
-    [
-        ({"amx_bf16"}, 16384, True),  # 1 x 128 x 128 positions: the rule's least
-        ({"amx_bf16"}, 16128, False),  # 1 x 126 x 128: fewer
-        ({"avx512_bf16"}, 16384, False),  # not measured without AMX
-    ],
-)
-def test_large_pointwise_filter_gradients_are_two_half_matmuls_on_amx(
-    monkeypatch, flags, rows, split
-):
-    """Over at least SPLIT_FILTER_GRADIENT_MIN_ROWS positions on an AMX CPU the 1x1 filter
-    gradient is two half matmuls (one batched matmul) added, elsewhere one matmul; both are
-    Conv2DBackpropFilter's gradient."""
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags)
-    assert kernels.SPLIT_FILTER_GRADIENT_MIN_ROWS == 16384
-    inputs = tf.random.stateless_normal([1, rows // 128, 128, 3], [7, 8])
-    upstream = tf.random.stateless_normal([1, rows // 128, 128, 5], [9, 10])
-    traced = tf.function(kernels.pointwise_filter_gradient).get_concrete_function(inputs, upstream)
-    op_types = {op.type for op in traced.graph.get_operations()}
-    assert ("BatchMatMulV2" in op_types) == split and ("MatMul" in op_types) != split
-    expected = tf.raw_ops.Conv2DBackpropFilter(
-        input=inputs, filter_sizes=[1, 1, 3, 5], out_backprop=upstream,
-        strides=[1, 1, 1, 1], padding="VALID",
-    )  # fmt: skip
-    ours = traced(inputs, upstream)
-    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-3)
-    odd_inputs = tf.random.stateless_normal([1, 127, 129, 3], [7, 8])  # 16,383 positions
-    odd_upstream = tf.random.stateless_normal([1, 127, 129, 5], [9, 10])
-    np.testing.assert_array_equal(  # an odd count: one matmul, whatever is asked
-        kernels.pointwise_filter_gradient(odd_inputs, odd_upstream, split=True),
-        kernels.pointwise_filter_gradient(odd_inputs, odd_upstream, split=False),
-    )
-
-
 @pytest.mark.parametrize("size", [6, 7])
 def test_subsampled_filter_gradient_is_tensorflows_filter_gradient(size):
     """A 1x1 stride-2 "same" convolution reads every second row and column from the first,

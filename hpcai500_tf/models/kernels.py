@@ -145,44 +145,15 @@ def _pointwise_conv(inputs, kernel):
     return outputs, gradient
 
 
-# On CPUs with this feature, where it was measured, a 1x1 filter gradient summed over at least
-# this many batch and spatial positions (ResNet-50's second and third stages at batch 32:
-# 100,352 and 25,088) is two matmuls over the two halves of them, added. On an AMX Xeon (2
-# cores) the whole step ran 1.036x in bf16 and 1.040x in float32 with it
-# (`benchmarks/train_step_vs_pytorch.py --baseline`, 2 rounds), and its system time fell
-# (0.52 to 0.15 s per float32 step); the layers timed alone gained 1.0-1.3x at the second
-# stage and 0.92-1.11x at the third (`benchmarks/filter_gradient.py --kernel 1 --split`).
-SPLIT_FILTER_GRADIENT_MIN_ROWS = 16384
-SPLIT_FILTER_GRADIENT_MEASURED_ON = "amx_bf16"
-
-
-def pointwise_filter_gradient(inputs, upstream, split: bool | None = None):
-    """d loss / d kernel of a 1x1, stride-1 convolution: a [1, 1, cin, cout] tensor; from two
-    half matmuls where `split` (None: where `_splits_filter_gradient`) and the number of
-    positions is known and even."""
+def pointwise_filter_gradient(inputs, upstream):
+    """d loss / d kernel of a 1x1, stride-1 convolution: a [1, 1, cin, cout] tensor."""
     in_channels, out_channels = inputs.shape[-1], upstream.shape[-1]
-    rows = inputs.shape[:-1].num_elements()  # None where a dimension is unknown
-    flat_inputs = tf.reshape(inputs, [-1, in_channels])
-    flat_upstream = tf.reshape(upstream, [-1, out_channels])
-    if split is None:
-        split = bool(rows) and _splits_filter_gradient(rows)
-    if split and rows and rows % 2 == 0:
-        halves = tf.matmul(
-            tf.reshape(flat_inputs, [2, rows // 2, in_channels]),
-            tf.reshape(flat_upstream, [2, rows // 2, out_channels]),
-            transpose_a=True,
-        )
-        kernel_gradient = halves[0] + halves[1]
-    else:
-        kernel_gradient = tf.matmul(flat_inputs, flat_upstream, transpose_a=True)
-    return tf.reshape(kernel_gradient, [1, 1, in_channels, out_channels])
-
-
-def _splits_filter_gradient(rows: int) -> bool:
-    """Whether `pointwise_filter_gradient` over `rows` positions is two half matmuls."""
-    return (
-        rows >= SPLIT_FILTER_GRADIENT_MIN_ROWS and SPLIT_FILTER_GRADIENT_MEASURED_ON in cpu_flags()
+    kernel_gradient = tf.matmul(
+        tf.reshape(inputs, [-1, in_channels]),
+        tf.reshape(upstream, [-1, out_channels]),
+        transpose_a=True,
     )
+    return tf.reshape(kernel_gradient, [1, 1, in_channels, out_channels])
 
 
 # bfloat16 1x1 stride-2 convolutions (ResNet's projections) with outputs no larger than this
