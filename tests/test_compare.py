@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcai500_tf import record
+from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.mlperf import mlperf_import
@@ -140,6 +140,30 @@ def _hand_written(tmp_path, drop=(), extra=()):
     path = tmp_path / "mlperf.log"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def test_a_run_whose_last_evaluation_is_0_is_stopped_and_says_so():
+    """Scored by the quality it ends with, a completed run whose last evaluation is 0 has no
+    result, even where an earlier one was above 0: it is recorded as stopped, and the warning
+    names the last evaluation."""
+    from hpcai500_tf.results.record_builder import build_record
+
+    curve = [
+        {"epoch": 1, "elapsed_s": 1.0, "examples": 8, "value": 0.07},
+        {"epoch": 2, "elapsed_s": 2.0, "examples": 16, "value": 0.0},
+    ]
+    warnings = []
+    rec = build_record(
+        config.load_benchmark("extreme_weather"), preset="tiny", status="completed", tool="t",
+        framework="tensorflow", layers={"L9": {}}, config={}, curve=curve,
+        timeline={"init_start": 0.0, "run_start": 0.0, "run_stop": 2.0, "segments": [],
+                  "epochs": []},
+        metric="mAP@0.5", target=0.01, measured=True, flops={"per_example_training": 1.0},
+        energy={}, warnings=warnings,
+        artifacts={},
+    )  # fmt: skip
+    assert rec["status"] == "stopped" and rec["quality"]["achieved"] is None
+    assert warnings == ["the last evaluation's quality is 0 (mAP@0.5): no result to score"]
 
 
 def test_a_hand_written_pytorch_log_is_imported(tmp_path):

@@ -70,13 +70,15 @@ def build_record(
 
     `timeline` holds init_start, run_start, run_stop, segments and epochs; `curve` the
     evaluations; `flops` the count without its total. A completed run that measured quality
-    but never evaluated above 0 is recorded as stopped (it has no result to score), with a
+    and whose last evaluation is 0 is recorded as stopped (it has no result to score), with a
     warning appended to `warnings`. The record is not validated here: saving it does that.
     """
     quality = record_io.quality_result(curve, target, measured)
     if quality["measured"] and quality["achieved"] is None and status == "completed":
         status = "stopped"
-        warnings.append("no evaluation produced a quality above 0")
+        warnings.append(  # the score reads the quality a run ends with (record.quality_result)
+            f"the last evaluation's quality is 0 ({metric}): no result to score"
+        )
     reasons = not_rankable_reasons(
         benchmark, layers["L9"], measured=measured, trained_epochs=trained_epochs
     )
