@@ -13,8 +13,9 @@ to 25,000 per step between runs with either setting). Measured with
 
 `keep_freed_memory()` sets it for this process with `mallopt` (no mmap for allocations, trim
 only above 2 GiB) and for its child processes through glibc's environment variables, unless
-the user set either variable (theirs stand) or HPCAI500_KEEP_FREED_MEMORY=0. Where the C
-library is not glibc, or another allocator is preloaded, nothing is set; `state()` says which
+the user set either variable or a `glibc.malloc` tunable (theirs stand) or
+HPCAI500_KEEP_FREED_MEMORY=0. Where the C library is not glibc, or another allocator's malloc
+is preloaded, nothing is set; `state()` says which
 held, for the record (L5)."""
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
 _state: str | None = None  # what keep_freed_memory() found or did in this process
 
 
+def _malloc_addresses() -> tuple[int | None, int | None]:
+    """(the malloc this process calls, glibc's own malloc): two addresses that differ where
+    another allocator (jemalloc, tcmalloc...) is preloaded, by LD_PRELOAD or
+    /etc/ld.so.preload; a preloaded library that leaves malloc alone (darshan, XALT) does not
+    change it."""
+    try:
+        called = ctypes.CDLL(None).malloc
+        own = ctypes.CDLL("libc.so.6").malloc
+    except (OSError, AttributeError):
+        return None, None
+    return ctypes.cast(called, ctypes.c_void_p).value, ctypes.cast(own, ctypes.c_void_p).value
+
+
 def _glibc_mallopt():
     """glibc's mallopt, or None where the C library is not glibc or malloc is another's."""
     try:
@@ -41,8 +55,9 @@ def _glibc_mallopt():
     except (OSError, AttributeError):
         return None
     version.restype = ctypes.c_char_p
-    if os.environ.get("LD_PRELOAD", "").strip():
-        return None  # jemalloc, tcmalloc and the like replace malloc: their settings rule
+    called, own = _malloc_addresses()
+    if called is None or called != own:
+        return None  # another allocator's malloc: its own settings rule
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt
 
@@ -55,6 +70,9 @@ def keep_freed_memory(environ: MutableMapping[str, str] | None = None, mallopt=N
     if _state is not None and environ is os.environ:
         return _state  # asked again in the same process
     users = [f"{name}={environ[name]}" for name in (MMAP_MAX, TRIM_THRESHOLD) if name in environ]
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc." in tunables:  # glibc's other way to say it: theirs stand too
+        users.append(f"GLIBC_TUNABLES={tunables}")
     if environ.get(SET_BY_PROJECT) == "1" and users:
         _state = f"kept (project default, from the parent process: {', '.join(users)})"
     elif environ.get(SWITCH, "1").strip() == "0":

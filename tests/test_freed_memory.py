@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hpcai500_tf import freed_memory
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -58,8 +61,39 @@ def test_a_refusing_allocator_leaves_the_environment_alone():
 
 
 def test_a_preloaded_allocator_is_not_glibcs(monkeypatch):
-    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
+    """Another allocator's malloc (from LD_PRELOAD or /etc/ld.so.preload) is the one the
+    process calls, not glibc's: nothing is set."""
+    monkeypatch.setattr(freed_memory, "_malloc_addresses", lambda: (0x1000, 0x2000))
     assert freed_memory._glibc_mallopt() is None
+    monkeypatch.setattr(freed_memory, "_malloc_addresses", lambda: (None, None))
+    assert freed_memory._glibc_mallopt() is None
+
+
+def test_a_glibc_malloc_tunable_is_the_users_choice():
+    environ, calls = {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=8"}, []
+    said = freed_memory.keep_freed_memory(environ, _recording_mallopt(calls))
+    assert said == "the user's glibc settings (GLIBC_TUNABLES=glibc.malloc.mmap_max=8)"
+    assert calls == [] and environ == {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=8"}
+
+
+PRELOADED = """
+from hpcai500_tf import freed_memory
+print(freed_memory.keep_freed_memory({}, None))
+"""
+
+
+@pytest.mark.skipif(freed_memory._glibc_mallopt() is None, reason="malloc is not glibc's")
+def test_a_preloaded_library_that_leaves_malloc_alone_does_not_stop_it():
+    """Sites preload tracers (darshan, XALT) that do not replace malloc: glibc's is still the
+    one called, so freed memory is kept (here libm stands in for such a library)."""
+    libm = subprocess.run(
+        [sys.executable, "-c", "import ctypes.util; print(ctypes.util.find_library('m'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": libm, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", PRELOADED], capture_output=True, text=True,
+                          check=True, env=env)  # fmt: skip
+    assert done.stdout.strip().startswith("kept (project default")
 
 
 REUSE = """
