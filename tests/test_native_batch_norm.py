@@ -146,6 +146,18 @@ def _tiny(choice: str) -> keras.Model:
     )
 
 
+def _gradient_step(model):
+    """A traced step: the gradients of a sum of squares of the model's training output."""
+
+    @tf.function
+    def train(images):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(images, training=True) ** 2)
+        return tape.gradient(loss, model.trainable_variables)
+
+    return train
+
+
 def test_a_native_model_builds_the_workarounds_layers_and_counts_their_flops():
     keras.utils.set_random_seed(0)
     workarounds = _tiny("cpu-workarounds")
@@ -158,19 +170,13 @@ def test_a_native_model_builds_the_workarounds_layers_and_counts_their_flops():
     assert not {type(layer) for layer in native_model.layers} & {kernels.ReLU, keras.layers.Add}
     images = tf.random.stateless_normal([8, 32, 32, 3], [2, 3])
 
-    def step(model):
-        @tf.function
-        def train(images):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(model(images, training=True) ** 2)
-            return tape.gradient(loss, model.trainable_variables)
-
-        return train
-
-    counts = [count_function(step(model), images, batch=8) for model in (workarounds, native_model)]
+    counts = [
+        count_function(_gradient_step(model), images, batch=8)
+        for model in (workarounds, native_model)
+    ]
     assert counts[0].total == counts[1].total > 0
     for model in (workarounds, native_model):
-        step(model)(images)  # a training pass updates the moving statistics alike
+        _gradient_step(model)(images)  # a training pass updates the moving statistics alike
     for ours, theirs in zip(native_model.weights, workarounds.weights, strict=True):
         if "moving" in ours.path:
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
@@ -195,17 +201,8 @@ def test_a_backbone_cut_early_ends_on_a_block_with_one_output(last_stage):
     assert [layer.again for layer in folded] == [True] * (last_stage - 2) + [False]
     assert not any(layer.name.startswith(f"stage{last_stage + 1}") for layer in model.layers)
 
-    def step(model):
-        @tf.function
-        def train(images):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(model(images, training=True) ** 2)
-            return tape.gradient(loss, model.trainable_variables)
-
-        return train
-
     data = tf.random.stateless_normal([2, 32, 32, 16], [2, 3])
-    counts = [count_function(step(m), data, batch=2).total for m in built.values()]
+    counts = [count_function(_gradient_step(m), data, batch=2).total for m in built.values()]
     assert counts[0] == counts[1] > 0
     with pytest.raises(ValueError, match="last_stage must be 2 to 5"):
         resnet.resnet_backbone(images, last_stage=6)

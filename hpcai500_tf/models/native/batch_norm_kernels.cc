@@ -5,9 +5,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512BF16__)
 #include <immintrin.h>
-#define HPCAI500_AVX512 1  // namespace vector's loops, 16 channels at a time
+#define HPCAI500_AVX512 1  // the vector loops, 16 channels at a time
 #else
-#define HPCAI500_AVX512 0  // namespace scalar's loops, as the compiler vectorises them
+#define HPCAI500_AVX512 0  // the scalar loops, as the compiler vectorises them
 #endif
 
 namespace hpcai500 {
@@ -33,12 +33,16 @@ inline float Relu(float y) { return y < 0.0f ? 0.0f : y; }
 
 }  // namespace
 
-namespace scalar {
-
 template <typename S>
-void ToFloat(const S* __restrict x, int64_t n, float* __restrict out) {
+void ToFloat(const S* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = Load(x[i]);
 }
+
+// The loops as plain C++ (the compiler vectorises them as it can): the exported loops, or
+// where the vector loops below are built, their tails (namespace scalar).
+#if HPCAI500_AVX512
+namespace scalar {
+#endif
 
 template <typename S>
 void BatchNormSums(const S* __restrict x, int64_t first, int64_t last, int64_t channels,
@@ -159,14 +163,14 @@ void BatchNormGradApply(const S* __restrict dy, const S* __restrict x, S* __rest
   }
 }
 
+#if HPCAI500_AVX512
 }  // namespace scalar
 
-#if HPCAI500_AVX512
 // The same loops 16 channels at a time with AVX-512, four rows at a time where sums are kept
 // (each partial sum loaded and stored once per four rows), bfloat16 rounded by the CPU's own
 // conversion (VCVTNEPS2BF16: to nearest even, a NaN stays a NaN, but values below bfloat16's
 // smallest normal become 0, as oneDNN's bfloat16 kernels round them).
-namespace vector {
+namespace simd {
 
 inline __mmask16 Lanes(int64_t c, int64_t channels) {
   int64_t left = channels - c;
@@ -195,6 +199,9 @@ inline __m512 Relu(__m512 y) {  // a NaN stays a NaN
 inline __mmask16 Positive(__m512 v) {
   return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
 }
+
+}  // namespace simd
+using namespace simd;  // NOLINT: the loops below read as the scalar ones
 
 template <typename S>
 void BatchNormSums(const S* x, int64_t first, int64_t last, int64_t channels,
@@ -323,61 +330,9 @@ void BatchNormGradApply(const S* dy, const S* x, S* dx, int64_t first, int64_t l
   }
 }
 
-}  // namespace vector
-namespace chosen = vector;
-#else
-namespace chosen = scalar;
 #endif
 
 bool VectorLoops() { return HPCAI500_AVX512 != 0; }
-
-template <typename S>
-void ToFloat(const S* x, int64_t n, float* out) {
-  scalar::ToFloat(x, n, out);
-}
-
-template <typename S>
-void BatchNormSums(const S* x, int64_t first, int64_t last, int64_t channels,
-                   const float* shift, float* sum, float* squares) {
-  chosen::BatchNormSums(x, first, last, channels, shift, sum, squares);
-}
-
-template <typename S>
-void BatchNormApply(const S* x, S* y, int64_t first, int64_t last, int64_t channels,
-                    const float* mean, const float* a, const float* offset, bool relu) {
-  chosen::BatchNormApply(x, y, first, last, channels, mean, a, offset, relu);
-}
-
-template <typename S>
-void BatchNormAddApply(const S* x, const S* side, S* y, int64_t first, int64_t last,
-                       int64_t channels, const float* mean, const float* a,
-                       const float* offset) {
-  chosen::BatchNormAddApply(x, side, y, first, last, channels, mean, a, offset);
-}
-
-template <typename S>
-void BatchNormAddGradSums(const S* dy, const S* dy_again, const S* y, const S* x, S* g,
-                          int64_t first, int64_t last, int64_t channels, const float* mean,
-                          float* sum, float* products) {
-  chosen::BatchNormAddGradSums(dy, dy_again, y, x, g, first, last, channels, mean, sum,
-                               products);
-}
-
-template <typename S>
-void BatchNormGradSums(const S* dy, const S* x, int64_t first, int64_t last, int64_t channels,
-                       const float* mean, const float* a, const float* offset, bool relu,
-                       float* sum, float* products) {
-  chosen::BatchNormGradSums(dy, x, first, last, channels, mean, a, offset, relu, sum, products);
-}
-
-template <typename S>
-void BatchNormGradApply(const S* dy, const S* x, S* dx, int64_t first, int64_t last,
-                        int64_t channels, const float* mean, const float* a,
-                        const float* offset, const float* slope, const float* constant,
-                        bool relu) {
-  chosen::BatchNormGradApply(dy, x, dx, first, last, channels, mean, a, offset, slope,
-                             constant, relu);
-}
 
 #define INSTANTIATE(S)                                                                       \
   template void ToFloat<S>(const S*, int64_t, float*);                                      \
