@@ -33,29 +33,29 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
 _state: str | None = None  # what keep_freed_memory() found or did in this process
 
 
-def _malloc_addresses() -> tuple[int | None, int | None]:
-    """(the malloc this process calls, glibc's own malloc): two addresses that differ where
-    another allocator (jemalloc, tcmalloc...) is preloaded, by LD_PRELOAD or
-    /etc/ld.so.preload; a preloaded library that leaves malloc alone (darshan, XALT) does not
-    change it."""
+def _malloc_addresses(process) -> tuple[int | None, int | None]:
+    """(the malloc `process` (this process's symbols) calls, glibc's own malloc): two
+    addresses that differ where another allocator (jemalloc, tcmalloc...) is preloaded, by
+    LD_PRELOAD or /etc/ld.so.preload; a preloaded library that leaves malloc alone (darshan,
+    XALT) does not change it."""
     try:
-        called = ctypes.CDLL(None).malloc
         own = ctypes.CDLL("libc.so.6").malloc
     except (OSError, AttributeError):
         return None, None
-    return ctypes.cast(called, ctypes.c_void_p).value, ctypes.cast(own, ctypes.c_void_p).value
+    address = ctypes.cast(process.malloc, ctypes.c_void_p).value
+    return address, ctypes.cast(own, ctypes.c_void_p).value
 
 
 def _glibc_mallopt():
     """glibc's mallopt, or None where the C library is not glibc or malloc is another's."""
     try:
-        libc = ctypes.CDLL(None)
-        version = libc.gnu_get_libc_version
-        mallopt = libc.mallopt
+        process = ctypes.CDLL(None)
+        mallopt = process.mallopt
     except (OSError, AttributeError):
         return None
-    version.restype = ctypes.c_char_p
-    called, own = _malloc_addresses()
+    if not hasattr(process, "gnu_get_libc_version"):  # glibc's alone
+        return None
+    called, own = _malloc_addresses(process)
     if called is None or called != own:
         return None  # another allocator's malloc: its own settings rule
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

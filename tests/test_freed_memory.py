@@ -63,9 +63,9 @@ def test_a_refusing_allocator_leaves_the_environment_alone():
 def test_a_preloaded_allocator_is_not_glibcs(monkeypatch):
     """Another allocator's malloc (from LD_PRELOAD or /etc/ld.so.preload) is the one the
     process calls, not glibc's: nothing is set."""
-    monkeypatch.setattr(freed_memory, "_malloc_addresses", lambda: (0x1000, 0x2000))
+    monkeypatch.setattr(freed_memory, "_malloc_addresses", lambda process: (0x1000, 0x2000))
     assert freed_memory._glibc_mallopt() is None
-    monkeypatch.setattr(freed_memory, "_malloc_addresses", lambda: (None, None))
+    monkeypatch.setattr(freed_memory, "_malloc_addresses", lambda process: (None, None))
     assert freed_memory._glibc_mallopt() is None
 
 

@@ -102,16 +102,13 @@ def auto_fallback(choice: str, xla: bool = False) -> str | None:
     """Why "auto" runs the CPU workarounds on a CPU where it takes the native batch norm, for
     the record's warnings (the kernel did not build: no compiler, an unwritable cache, ...);
     None where "auto" was not asked for or runs what it favours."""
-    if choice != AUTO or tf.config.get_visible_devices("GPU"):
+    if choice != AUTO or resolve(AUTO, xla) != CPU_WORKAROUNDS:
         return None
     if not native_batch_norm_favoured(cpu_flags(), xla):
-        return None
-    why = native.unavailable()
-    if why is None:
-        return None
-    return (
+        return None  # what "auto" favours here: nothing fell back
+    return (  # favoured, yet not taken: only because the kernel is unavailable (resolve)
         f"kernels 'auto' runs '{CPU_WORKAROUNDS}' here, not '{NATIVE_BATCH_NORM}' (the faster "
-        f"on this CPU, docs/performance.md): {why}"
+        f"on this CPU, docs/performance.md): {native.unavailable()}"
     )
 
 
