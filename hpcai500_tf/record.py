@@ -355,8 +355,10 @@ def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Pat
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:  # a full disk's write
+            raise OSError(error.errno, error.strerror, str(path)) from None
         raise
     return path
 

@@ -103,6 +103,21 @@ DAMAGE = {
         replace_with("record.json", "directory"),
         "record.json: a directory",
     ),
+    # a record a resume would replace that is a result, or cannot be read to tell
+    "record completed, another schema version": (
+        lambda d: (d / "record.json").write_text('{"schema_version": 99, "status": "completed"}'),
+        "the run already finished all its epochs (its record:",
+    ),
+    "record diverged": (
+        lambda d: (d / "record.json").write_text(
+            (d / "record.json").read_text().replace('"status": "stopped"', '"status": "diverged"')
+        ),
+        "its run diverged",
+    ),
+    "record not JSON": (
+        lambda d: (d / "record.json").write_bytes(b"\xff\xfe"),
+        "record.json: cannot be read as a record, and a resume would replace it",
+    ),
     "power samples a FIFO": (
         replace_with("power-samples.csv", "fifo"),
         "power-samples.csv: not a regular file",

@@ -63,3 +63,33 @@ def test_resume_or_start_never_starts_a_run_that_ended_again(tmp_path):
     record.write_atomic(tmp_path / "record.json", {"status": "completed"})
     with pytest.raises(UserError, match=r"its run ended \(completed, .*record.json\)"):
         segments.resume_or_start(tmp_path)
+
+
+def test_a_start_that_saved_nothing_is_set_aside_and_started_anew(tmp_path):
+    # A first start killed before its first checkpoint left its config, an MLPerf log and a
+    # lock: the next --resume-or-start must start (it cannot resume), keeping those files.
+    from hpcai500_tf import config
+    from hpcai500_tf.engine import run
+    from hpcai500_tf.run import lifecycle
+    from hpcai500_tf.run.options import RunOptions
+
+    run_dir = tmp_path / "slurm-7"
+    assert segments.resume_or_start(run_dir) == (None, str(run_dir))
+    (run_dir / "config.json").write_text('{"preset": "tiny"}')
+    (run_dir / "mlperf.log").write_text(':::MLLOG {"key": "init_start"}\n')
+    (run_dir / "tensorboard").mkdir()
+    assert segments.resume_or_start(run_dir) == (None, str(run_dir))
+    setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
+    options = RunOptions(run_dir=run_dir, start_over_unsaved=True, power_hz=0)
+    done, path = lifecycle.run(setup, options, run.build_trainer)
+    assert done["status"] == "completed" and path == run_dir / "record.json"
+    aside = run_dir / "unsaved-start-1"
+    assert (aside / "config.json").read_text() == '{"preset": "tiny"}'
+    assert (aside / "mlperf.log").read_text().count("init_start") == 1
+    assert (aside / "tensorboard").is_dir() and not (aside / "run.lock").exists()
+    assert f"its files kept in {aside}" in " ".join(done["warnings"])
+    assert (run_dir / "mlperf.log").read_text().count('"init_start"') == 1
+    # Without --resume-or-start's leave, a directory holding a run is still refused.
+    plain = RunOptions(run_dir=run_dir, power_hz=0)
+    with pytest.raises(UserError, match="config.json: already exists"):
+        lifecycle.run(setup, plain, run.build_trainer)

@@ -123,13 +123,25 @@ def test_a_sigint_mid_epoch_checkpoints_there_and_resume_ends_as_an_uninterrupte
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_the_stop_checkpoint_is_named_by_its_position_and_the_state_agrees(tmp_path):
+def test_the_stop_checkpoint_is_named_by_its_position_and_the_state_agrees(tmp_path, monkeypatch):
     from hpcai500_tf.engine import run
 
+    save_checkpoint = lifecycle.save_checkpoint
+
+    def signalled_while_saving(trainer, run_dir, progress):
+        # The scheduler's SIGTERM again, and a Ctrl-C, while the stop's checkpoint is written:
+        # neither may abort it (the run is already writing what it keeps).
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            os.kill(os.getpid(), signum)
+        _wait_for_handlers(seconds=0.5)
+        save_checkpoint(trainer, run_dir, progress)
+
+    monkeypatch.setattr(lifecycle, "save_checkpoint", signalled_while_saving)
     setup = config.prepare("image_classification", "tiny", TINY)
     stopping = Stopping(run.build_trainer, at_step=STEPS + 2, signum=signal.SIGTERM)
     stopped, path = _run(setup, stopping, out_dir=tmp_path)
     assert stopped["status"] == "stopped" and exit_code(stopped) == 143
+    assert any("ckpt-1-b2 was written at the stop" in w for w in stopped["warnings"])
     state = json.loads((path.parent / "state.json").read_text())
     assert (state["epochs_done"], state["batches_done"]) == (1, 2)
     assert state["examples"] == (STEPS + 2) * 32
@@ -144,6 +156,27 @@ def test_the_stop_checkpoint_is_named_by_its_position_and_the_state_agrees(tmp_p
         run_state.check_resumable(path.parent, 2)
 
 
+def test_a_stop_at_an_epoch_boundary_resumes_with_one_epoch_start_per_epoch(tmp_path):
+    from hpcai500_tf.engine import run
+
+    setup = config.prepare("image_classification", "tiny", TINY)
+    # The signal in epoch 1's last step: the stop comes before epoch 2's first.
+    stopping = Stopping(run.build_trainer, at_step=STEPS, signum=signal.SIGUSR1)
+    stopped, path = _run(setup, stopping, out_dir=tmp_path)
+    assert stopped["status"] == "stopped" and "ckpt-1 was written at the stop" in " ".join(
+        stopped["warnings"]
+    )
+    resumed, _ = _run(setup, Stopping(run.build_trainer), resume=str(path.parent))
+    assert resumed["status"] == "completed", resumed["warnings"]
+    events = [
+        json.loads(line.removeprefix(":::MLLOG "))
+        for line in (path.parent / "mlperf.log").read_text().splitlines()
+    ]
+    starts = [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"]
+    assert starts == [1, 2]
+    assert [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"] == [1, 2]
+
+
 def _wait_for_handlers(until=lambda: False, seconds: float = 10.0) -> None:
     """Let Python run pending signal handlers (in the main thread, between bytecodes; another
     thread may take the signal first on a loaded machine) until `until()` or `seconds`."""
@@ -152,19 +185,22 @@ def _wait_for_handlers(until=lambda: False, seconds: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_second_signal_stops_at_once(monkeypatch):
+def test_a_second_ctrl_c_stops_at_once_but_a_repeated_scheduler_signal_does_not(monkeypatch):
     # Whatever an earlier test in this process left (a blocked signal, a handler of its own),
     # the signals start as a fresh process has them.
-    signals = {signal.SIGINT, signal.SIGUSR1}
+    signals = {signal.SIGINT, signal.SIGUSR1, signal.SIGTERM}
     blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals) & signals
     monkeypatch.setattr(stop, "_noted", stop.StopRequest())
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    previous_usr1 = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGUSR1: signal.signal(signal.SIGUSR1, signal.SIG_DFL),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    }
     try:
         _second_signal_stops_at_once()
     finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGUSR1, previous_usr1)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if blocked:
             signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
 
@@ -174,10 +210,18 @@ def _second_signal_stops_at_once():
         os.kill(os.getpid(), signal.SIGUSR1)
         _wait_for_handlers(lambda: request.signum)
         assert request.signum == signal.SIGUSR1
-        with pytest.raises(stop.ForcedStop):
+        # Slurm's time limit: SIGTERM after the SIGUSR1 warning, and again to every process
+        # of the step. The stop asked for still waits for its step boundary (and checkpoint).
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _wait_for_handlers(seconds=0.5)
+        assert request.signum == signal.SIGUSR1
+        with pytest.raises(stop.ForcedStop) as forced:
             os.kill(os.getpid(), signal.SIGINT)
             _wait_for_handlers()
+        assert forced.value.exit_code == 130
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_votes_name_the_strongest_signal_any_worker_got():

@@ -106,6 +106,7 @@ def _options(args: argparse.Namespace, plan):
         power_hz=args.power_hz,
         meter_log=args.meter_log,
         run_dir=args.run_dir,
+        start_over_unsaved=bool(args.resume_or_start),
         profile_steps=args.profile_steps,
         allow_cpu=args.allow_cpu,
         device=args.device,

@@ -10,6 +10,7 @@ data, loss and quality only.
 from __future__ import annotations
 
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,7 +25,12 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.measure.flops import FlopCount, count_function
 from hpcai500_tf.models import kernels
 from hpcai500_tf.run import predictions, stop
-from hpcai500_tf.run.trainer import checkpoint_damaged, checkpoint_unrestorable, full_batch_steps
+from hpcai500_tf.run.trainer import (
+    checkpoint_damaged,
+    checkpoint_unrestorable,
+    checkpoint_unwritable,
+    full_batch_steps,
+)
 from hpcai500_tf.workloads.interface import Workload
 
 
@@ -320,7 +326,11 @@ class Engine:
         `prefix` (its index and data files); returns the prefix written."""
         self.checkpoint_epochs.assign(epochs_done)
         self.checkpoint_batches.assign(batches_done)
-        return Path(self._write_checkpoint(str(prefix)).numpy().decode())
+        try:
+            return Path(self._write_checkpoint(str(prefix)).numpy().decode())
+        except tf.errors.OpError as error:  # a full disk: ResourceExhaustedError, no path
+            shutil.rmtree(f"{prefix}_temp", ignore_errors=True)  # its unfinished shards
+            raise checkpoint_unwritable(prefix, error) from None
 
     def read_checkpoint(self, prefix: Path) -> tuple[int, int] | None:
         """The model and optimizer of the checkpoint at `prefix`, every tensor checked against

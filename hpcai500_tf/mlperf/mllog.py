@@ -53,8 +53,11 @@ class MLLogger:
             "value": value,
             "metadata": {"file": "hpcai500_tf/run/lifecycle.py", "lineno": 0, **(metadata or {})},
         }
-        self._file.write(":::MLLOG " + json.dumps(line) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(":::MLLOG " + json.dumps(line) + "\n")
+            self._file.flush()
+        except OSError as error:  # a full disk: the log's path in the one line it becomes
+            raise self._failed(error) from None
 
     # What MLPerf's logger calls its three kinds of line.
     event = functools.partialmethod(_emit, "POINT_IN_TIME")
@@ -63,5 +66,11 @@ class MLLogger:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            handle, self._file = self._file, None
+            try:
+                handle.close()
+            except OSError as error:
+                raise self._failed(error) from None
+
+    def _failed(self, error: OSError) -> OSError:
+        return OSError(error.errno, error.strerror, str(self.path))

@@ -59,6 +59,7 @@ from hpcai500_tf.run.trainer import (
     Trainer,
     checkpoint_damaged,
     checkpoint_unrestorable,
+    checkpoint_unwritable,
     flops_block,
     full_batch_steps,
     refuse_disagreeing_workers,
@@ -487,8 +488,10 @@ class TorchTrainer(Trainer):
                 handle.flush()
                 os.fsync(handle.fileno())  # on disk before state.json names it
             os.replace(scratch, path)
-        except BaseException:
+        except BaseException as error:
             scratch.unlink(missing_ok=True)
+            if isinstance(error, OSError | RuntimeError):  # RuntimeError: torch's writer's
+                raise checkpoint_unwritable(path, error) from None
             raise
         return prefix
 

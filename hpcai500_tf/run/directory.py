@@ -11,6 +11,8 @@
     RUN_DIR/error.log            the traceback of a run that failed on a defect
     RUN_DIR/record.json          the record: written last, the run's result
     RUN_DIR/run.lock             held (flock) by the one process writing the run: its pid, host
+    RUN_DIR/unsaved-start-N/     the files of a start that ended before its first checkpoint,
+                                 set aside by the next `--resume-or-start` (segments.py)
 
 A new run's directory is named BENCHMARK-PRESET-TIMESTAMP, with the Slurm job (JOB, or an
 array's JOB_TASK) where there is one, and -2, -3 ... where that name is taken (mkdir decides,
@@ -47,6 +49,7 @@ TENSORBOARD = "tensorboard"
 WORKERS = "workers"
 LOCK_FILE = "run.lock"
 INHERITED_LOCK = "HPCAI500_RUN_LOCK_FD"  # the launcher's lock, open in each of its workers
+UNSAVED_START = "unsaved-start"
 MAX_SUFFIX = 10_000  # -2 ... -10000: more runs of one name in one second are refused
 
 
@@ -225,3 +228,29 @@ def _holder(handle) -> str:
         text = ""
     said = text.strip().splitlines()[0][:200] if text.strip() else ""
     return said.removeprefix("held by ") or "a process that has not said who it is yet"
+
+
+def set_aside_unsaved_start(run_dir: RunDirectory) -> str | None:
+    """Where a start ended before its first checkpoint (its config there, no state, no
+    record), its files moved into RUN_DIR/unsaved-start-N, kept, so that the new start's
+    MLPerf log holds one run; the record's warning saying so (None: nothing to set aside).
+    Called by the run's one writer, holding its lock."""
+    path = run_dir.path
+    if not run_dir.config.exists() or run_dir.state.exists() or run_dir.record.exists():
+        return None
+    for number in range(1, MAX_SUFFIX + 1):
+        aside = path / f"{UNSAVED_START}-{number}"
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise UserError(f"{path}: {MAX_SUFFIX} unsaved starts set aside already; clear them")
+    for entry in sorted(path.iterdir()):
+        if entry.name != LOCK_FILE and not entry.name.startswith(f"{UNSAVED_START}-"):
+            entry.rename(aside / entry.name)
+    return (
+        f"an earlier start in {path} ended before its first checkpoint: started anew, "
+        f"its files kept in {aside}"
+    )

@@ -153,7 +153,7 @@ def prepare(
     checkpoint. The chief holds the run directory's lock in `held` (where `run` did not
     already; `unlocked` says where the filesystem could not lock it)."""
     config_id = fingerprint(setup.config)
-    chief = trainer.rank == 0
+    chief, set_aside = trainer.rank == 0, None
     if options.resume:
         run_dir = options.resume.run_dir
         if chief and setup.training.strategy == "multi_worker":  # rank 0 known only now
@@ -165,6 +165,8 @@ def prepare(
             else RunDirectory.new(options.out_dir, setup.benchmark.name, setup.preset)
         )
         unlocked = held.enter_context(_hold(run_dir))
+        if options.start_over_unsaved:  # --resume-or-start after a start that saved nothing
+            set_aside = directory.set_aside_unsaved_start(run_dir)
         record_io.write_atomic(run_dir.config, config.saved_config(setup))
     else:
         run_dir = RunDirectory(options.run_dir) if options.run_dir else None
@@ -174,7 +176,7 @@ def prepare(
         Progress(config_fingerprint=config_id, init_start=init_start), mllog,
         observers=observers if chief else Observers(), warnings=list(trainer.warnings),
     )  # fmt: skip
-    one.warnings += [unlocked] if unlocked else []
+    one.warnings += [w for w in (unlocked, set_aside) if w]
     if options.resume:
         one.progress = restore(trainer, run_dir, config_id)
         one.saved_epochs = one.progress.epochs_done
@@ -297,12 +299,13 @@ def train_epochs(one: Run, power=None) -> Progress:
         one.mllog.start("run_start", time_ms=segment_start * 1000)
     try:
         with stop.listening() as one.stop_request:
-            _train_to_the_budget(one, batches, segment_start, last_checkpoint, power)
-    except stop.AgreedStop:  # every worker stopped after the same step: keep it
-        one.stop_request.defer = True
-        if one.chief and one.run_dir and one.saved_position != _position(progress):
-            checkpoint(one, segment_start, power)
-        raise
+            try:
+                _train_to_the_budget(one, batches, segment_start, last_checkpoint, power)
+            except stop.AgreedStop:  # every worker stopped after the same step: keep it
+                one.stop_request.defer = True  # still listening: a Ctrl-C now cannot abort it
+                if one.chief and one.run_dir and one.saved_position != _position(progress):
+                    checkpoint(one, segment_start, power)
+                raise
     finally:
         progress.segments.append({"start": segment_start, "stop": time.time()})
         if one.trace:
@@ -335,9 +338,6 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     trainer, observers, trace, mllog = one.trainer, one.observers, one.trace, one.mllog
     steps, batch = trainer.steps_per_epoch, trainer.global_batch
     start = one.progress.batches_done  # > 0: resumed where a stop left this epoch
-    if not start:  # else logged by the segment the stop ended
-        mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
-        mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
     if observers:
         observers.on_epoch_start(epoch + 1, one.setup.training.epochs, steps)
     epoch_start = time.time()
@@ -345,6 +345,9 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     value = math.nan
     for step in range(start, steps):
         vote = _stop_if_agreed(one, step, start)
+        if step == 0:  # after the stop check: a stop before this epoch's first step keeps it out
+            mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
+            mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
         examples = next(batches)
         if trace:
             trace.before(first_step + step + 1)

@@ -4,18 +4,19 @@ starts again and again (a Slurm job that requeues itself, tools/slurm_train.sbat
 The first start trains a new run in RUN_DIR (made if missing); each later one resumes it from
 the checkpoint its state names: every task of the job decides alike, from what RUN_DIR holds
 before any framework loads. A run that ended (its record there without a resume state) is
-never started again. Pure Python: no framework is imported here.
+never started again; a start that ended before its first checkpoint is started anew, its
+files kept in RUN_DIR/unsaved-start-N (the run's writer sets them aside, under its lock).
+Pure Python: no framework is imported here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.files import read_regular_file
 from hpcai500_tf.run.directory import RunDirectory
+from hpcai500_tf.run.state import record_status
 
 
 def resume_or_start(path: str | Path) -> tuple[str | None, str | None]:
@@ -23,11 +24,8 @@ def resume_or_start(path: str | Path) -> tuple[str | None, str | None]:
     directory = RunDirectory(path)
     if os.path.lexists(directory.state):
         return str(path), None  # checked like any --resume, before a framework loads
-    if os.path.lexists(directory.record):
-        try:  # its status only: a record of another version is still an ended run
-            status = str(json.loads(read_regular_file(directory.record, "record"))["status"])
-        except (OSError, UserError, ValueError, KeyError, TypeError):
-            status = "unreadable"
+    status = record_status(directory.path)  # of any version: still an ended run
+    if status is not None:
         raise UserError(
             f"{path}: its run ended ({status}, {directory.record}) with no checkpoint to "
             "resume: start a new run in another directory"

@@ -15,6 +15,7 @@ A resume refused here changes nothing in the run directory: its last record stay
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -271,17 +272,37 @@ def _regular(path: Path, what: str) -> None:
         raise UserError(f"{path}: not a regular file; a {what} must be one")
 
 
-def finished_record(run_dir: Path) -> dict | None:
-    """The run's record where it is a valid completed one (nothing is left to resume); None
-    where there is none, or it is stopped, failed or damaged (a resume replaces it)."""
+def record_status(run_dir: Path) -> str | None:
+    """The status the run's record says (read as JSON, of any schema version), 'unreadable'
+    where it cannot be read, None where there is none."""
     path = RunDirectory(run_dir).record
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        record = record_io.load(path)
-    except UserError:
-        return None
-    return record if record["status"] == "completed" else None
+        return str(json.loads(read_regular_file(path, "record"))["status"])
+    except (UserError, ValueError, KeyError, TypeError):
+        return "unreadable"
+
+
+def _check_record_replaceable(run_dir: Path) -> None:
+    """A resume replaces the run's record: refused where that record is a result (completed,
+    or diverged: a failed attempt is one too), or where it cannot be read to tell."""
+    directory = RunDirectory(run_dir)
+    status = record_status(run_dir)
+    if status == "completed":
+        raise UserError(
+            f"{run_dir}: the run already finished all its epochs (its record: {directory.record})"
+        )
+    if status == "diverged":
+        raise UserError(
+            f"{run_dir}: its run diverged ({directory.record}); a diverged run is its result, "
+            "never resumed: start a new run"
+        )
+    if status == "unreadable":
+        raise UserError(
+            f"{directory.record}: cannot be read as a record, and a resume would replace it: "
+            "move it out of the run directory to resume"
+        )
 
 
 def check_resumable(run_dir: Path | str, epochs: int) -> dict:
@@ -297,10 +318,7 @@ def check_resumable(run_dir: Path | str, epochs: int) -> dict:
             f"the run's {epochs}: resume refused"
         )
     prefix = checkpoint_prefix(run_dir, state)
-    if state["epochs_done"] == epochs and finished_record(run_dir) is not None:
-        raise UserError(
-            f"{run_dir}: the run already finished all its epochs (its record: {directory.record})"
-        )
+    _check_record_replaceable(run_dir)
     # Read whole now, where pure Python can (PyTorch's zip archive): before any worker, the
     # data process or the framework starts.
     backends.get(state["framework"]).check_checkpoint(prefix)

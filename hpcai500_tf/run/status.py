@@ -152,6 +152,8 @@ def classify_failure(error: BaseException, one) -> tuple[str, str, bool]:
         return "failed", f"the run failed: {failure.detail}", False
     if isinstance(error, UserError):
         return "failed", f"the run failed: {error}", False
+    if isinstance(error, OSError) and error.filename is not None:  # a file it writes: disk full
+        return "failed", f"the run failed: {error.filename}: {error.strerror}", False
     # A defect: still a record, and its traceback beside it.
     logged = _write_traceback(one.run_dir if one.chief else None)
     return "failed", f"the run failed: {error.__class__.__name__}: {error}{logged}", False

@@ -8,8 +8,11 @@
 A signal on any one worker (Ctrl-C, scancel's SIGTERM, Slurm's SIGUSR1 warning before a time
 limit) stops every worker after the same step, so that none is left inside a collective the
 others never join; the lifecycle then writes a checkpoint at that step (mid-epoch) and the
-`stopped` record. A second signal while the first is pending raises `ForcedStop` at once
-(the escape from a step that never ends): the run stops from its last checkpoint.
+`stopped` record. A second Ctrl-C while a stop is pending raises `ForcedStop` at once (a
+person's escape from a step that never ends): the run stops from its last checkpoint. A second
+SIGTERM or SIGUSR1 does not (a scheduler repeats them: its signal to every process of a step,
+its time limit's SIGTERM after the SIGUSR1 warning) and the stop still keeps its step; the
+scheduler's SIGKILL remains the hard stop.
 
 The vote a trainer carries is `vote(signum)`, one float per stop signal, summed over the
 workers by a reduction the step does anyway (TensorFlow: the loss's; PyTorch: DDP's first
@@ -49,7 +52,7 @@ class AgreedStop(KeyboardInterrupt):
 
 
 class ForcedStop(KeyboardInterrupt):
-    """A second stop signal while the first waited for its step boundary: raised at once."""
+    """A Ctrl-C while a stop waited for its step boundary: raised at once."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -58,8 +61,9 @@ class ForcedStop(KeyboardInterrupt):
 
 
 class StopRequest:
-    """The handler of the stop signals: the first only sets `signum`; a second raises
-    `ForcedStop` (unless `defer`: the run is already writing what it keeps)."""
+    """The handler of the stop signals: the first only sets `signum`; a later SIGINT raises
+    `ForcedStop` (unless `defer`: the run is already writing what it keeps), a later SIGTERM
+    or SIGUSR1 is only a repeat of the stop already asked for."""
 
     replaceable = True  # `noting`'s, by the loop's `listening`
 
@@ -70,7 +74,7 @@ class StopRequest:
     def __call__(self, signum, frame):
         if not self.signum:
             self.signum = signum
-        elif not self.defer:
+        elif signum == signal.SIGINT and not self.defer:
             raise ForcedStop(signum)
 
 

@@ -11,6 +11,8 @@ profiler trace's step logic. Pure Python: this module imports neither TensorFlow
 
 from __future__ import annotations
 
+import re
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,6 +118,22 @@ def checkpoint_damaged(path: Path, error: BaseException) -> UserError:
 def checkpoint_unrestorable(path: Path, error: BaseException) -> UserError:
     """A checkpoint that reads whole but does not fit this run's model or optimizer."""
     return UserError(f"{path}: cannot restore the checkpoint ({first_line(error)})")
+
+
+def checkpoint_unwritable(path: Path, error: BaseException) -> UserError:
+    """A checkpoint the framework could not write: its path, the framework's words (which may
+    name neither: TensorFlow's for a full disk is a bare ResourceExhaustedError) and the room
+    left where it was written, a full disk being the usual cause."""
+    # TensorFlow's words: "Graph execution error: ... FILE; REASON\n\t [[{{node SaveV2}}]]"
+    reason = re.search(r"; ([^;\n]+)\n\s*\[\[", str(error))
+    words = f"{error.__class__.__name__}: {reason.group(1)}" if reason else first_line(error)
+    try:
+        free = shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        room = ""
+    else:
+        room = f"; {free / 2**20:.1f} MiB free on its filesystem"
+    return UserError(f"{path}: cannot write the checkpoint ({words}{room})")
 
 
 # ----------------------------------------------------------------------------- the record
