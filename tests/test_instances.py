@@ -76,6 +76,15 @@ def test_a_four_node_step_gives_two_instances_of_two_nodes_each():
     assert (group.instance, group.index_in_group, group.nodes) == (1, 1, ("n3", "n4"))
     assert group.environment["SLURM_STEP_TASKS_PER_NODE"] == "2(x2)"
     assert group.environment["SLURM_STEP_NUM_TASKS"] == "4"
+    # A batch script's PyTorch rendezvous for the whole step would join both instances into
+    # one: each makes its own from its group (n3, its first port).
+    exported = {"MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    seen = instances.apply_group({**_step("n[1-4]", "2(x4)", 8, 5), **exported}, group)
+    assert not set(exported) & set(seen)
+    from hpcai500_tf.pytorch import distributed
+
+    workers = distributed.workers_from_environment({**seen, "SLURM_LOCALID": "1"})
+    assert (workers.world_size, workers.rank, workers.master_addr) == (4, 1, "n3")
 
 
 @pytest.mark.parametrize(

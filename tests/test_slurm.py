@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -268,6 +269,24 @@ def test_one_task_per_gpu_uses_the_gpu_slurm_bound_to_it():
     environ = _env("node1", "8", 8, 3, SLURM_LOCALID="3")
     task = _task(environ, visible=["3"], node_gpus=8)
     assert task.gpus == ("3",) and "bound" in task.gpu_layout
+
+
+@pytest.mark.parametrize(
+    "binding, tasks, visible",
+    [("gres/gpu:single:2", 8, ["1"]),  # --ntasks-per-gpu=2 on a node Slurm gave 4 GPUs
+     ("gres/gpu:closest", 4, ["0", "1"]),  # --gpu-bind=closest: a socket's 2 GPUs, 2 tasks each
+     (None, 8, ["1"])],  # Slurm 22.05 names no binding: 8 tasks, each seeing 1 of the 4
+)  # fmt: skip
+def test_a_binding_that_puts_two_tasks_on_one_gpu_is_refused(binding, tasks, visible):
+    extra = {"SLURM_TRES_BIND": binding} if binding else {}
+    environ = _env("node1", str(tasks), tasks, 1, SLURM_LOCALID="1", **extra)
+    with pytest.raises(UserError) as refused:
+        _task(environ, visible=visible, node_gpus=4)
+    assert str(refused.value) == (
+        f"Slurm bound {len(visible)} GPU(s) to each of this node's {tasks} tasks but gave the "
+        "node 4, so tasks share a GPU (--ntasks-per-gpu, --gpu-bind=single or closest): run "
+        "one task per GPU (--gpus-per-task=1) or one task per node"
+    )
 
 
 def test_gpus_per_task_is_binding_even_where_the_counts_do_not_show_it():
@@ -542,3 +561,19 @@ def test_a_binding_slurm_names_decides_and_none_means_unbound(variable, bind, vi
     fewer GPUs than Slurm gave its node is bound."""
     environ = {variable: bind} if variable else {}
     assert slurm._bound_by_slurm(environ, visible, 8, 8) is bound
+
+
+def test_a_port_a_previous_step_left_in_time_wait_is_free_and_a_listened_one_is_not():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    assert not slurm.port_free(port)  # a worker of a step still running listens there
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    server.close()
+    accepted.close()  # the server side closes first: its connection stays in TIME_WAIT
+    client.close()
+    time.sleep(0.1)
+    assert slurm.port_free(port)

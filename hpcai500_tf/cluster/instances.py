@@ -159,10 +159,19 @@ def slurm_nodelist(nodes: list[str] | tuple[str, ...]) -> str:
     return ",".join(nodes)
 
 
+# PyTorch's rendezvous for the whole step, as a batch script may export it: each instance's is
+# its group's, made from the group's step variables (its first task's node and port).
+# (TF_CONFIG with --instances is refused before this.)
+WHOLE_STEP_CLUSTER = ("MASTER_ADDR", "MASTER_PORT")
+
+
 def apply_group(environ: dict[str, str], group: SlurmGroup) -> dict[str, str]:
-    """`environ` as this task's instance sees it: its group's step variables; without them
-    where the instance is one task (it then runs as a single worker)."""
-    seen = {**environ, **group.environment}
+    """`environ` as this task's instance sees it: its group's step variables, without a
+    cluster named for the whole step (`WHOLE_STEP_CLUSTER`: every instance would join the one
+    it names); without the step variables where the instance is one task (it then runs as a
+    single worker)."""
+    seen = {k: v for k, v in environ.items() if k not in WHOLE_STEP_CLUSTER}
+    seen.update(group.environment)
     if group.tasks_per_instance == 1:  # one task alone: a single worker, not a Slurm cluster
         for name in ("SLURM_PROCID", STEP_TASKS):
             seen.pop(name, None)

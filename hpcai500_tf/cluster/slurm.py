@@ -282,9 +282,12 @@ def _reserved_ranges(text: str) -> list[tuple[int, int]]:
 
 
 def port_free(port: int) -> bool:
-    """Whether `port` can be bound on this host now (nothing listens on it)."""
+    """Whether `port` can be bound on this host now (nothing listens on it). Bound as the
+    frameworks' servers bind (gRPC, the PyTorch store: SO_REUSEADDR), so that connections a
+    step before this one left in TIME_WAIT do not count as taken."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("", port))
     except OSError:
         return False
@@ -358,6 +361,7 @@ def gpu_share(
     if tasks_on_node == 1:
         return list(visible), "the only task on its node: every visible GPU"
     if _bound_by_slurm(environ, visible, node_gpus, tasks_on_node):
+        _refuse_shared_binding(visible, node_gpus, tasks_on_node)
         return list(visible), "bound to this task by Slurm: every visible GPU"
     fix = "run one task per node (srun --ntasks-per-node=1) or one per GPU (--gpus-per-task=1)"
     if len(visible) < tasks_on_node:
@@ -393,6 +397,20 @@ def _bound_by_slurm(
     if binding is not None:
         return True
     return len(visible) < node_gpus and len(visible) <= tasks_on_node
+
+
+def _refuse_shared_binding(visible: list[str], node_gpus: int, tasks_on_node: int) -> None:
+    """A binding is a task's own only where the node's tasks, each seeing as many GPUs as this
+    one, need no more GPUs than Slurm gave the node: `--ntasks-per-gpu`, `--gpu-bind=single:N`
+    or `closest` bind several tasks to one GPU, and two workers on one GPU contend for its
+    memory and time (TensorFlow's first takes nearly all of its memory)."""
+    if node_gpus and tasks_on_node * len(visible) > node_gpus:
+        raise UserError(
+            f"Slurm bound {len(visible)} GPU(s) to each of this node's {tasks_on_node} tasks "
+            f"but gave the node {node_gpus}, so tasks share a GPU (--ntasks-per-gpu, "
+            "--gpu-bind=single or closest): run one task per GPU (--gpus-per-task=1) or one "
+            "task per node"
+        )
 
 
 # A GPU count in Slurm's TRES strings, as the versions write them: gres/gpu=1 (23.11 on, as in
