@@ -198,11 +198,26 @@ def test_logs_lacking_keys_are_refused_naming_them(tmp_path, drop, message):
         mlperf_import.build_record(str(log), {"framework": "x", "flops_per_example": 1.0})
 
 
+def test_a_single_log_reads_repeated_headers_once_and_refuses_conflicting_ones(tmp_path):
+    sidecar = {"framework": "x", "flops_per_example": 1.0}
+    # A multi-node log: every node's launcher logs the header, at its own time.
+    repeated = _hand_written(tmp_path, extra=[_log_line("global_batch_size", 256, time_ms=1_300)])
+    record, warnings = mlperf_import.build_record(str(repeated), sidecar)
+    assert record["layers"]["L6"]["global_batch"] == 256
+    conflicting = _hand_written(
+        tmp_path, extra=[_log_line("global_batch_size", 512, time_ms=1_300)]
+    )
+    with pytest.raises(UserError, match=r"2 different 'global_batch_size' lines \(line 3: 256; "):
+        mlperf_import.build_record(str(conflicting), sidecar)
+
+
 def test_what_the_log_cannot_say_must_be_given(tmp_path, capsys):
     log = _hand_written(tmp_path)
     assert main(["import-mlperf", str(log), "--framework", "pytorch"]) == 2
     assert "--flops-per-example" in capsys.readouterr().err
-    percent = _hand_written(tmp_path, extra=[_log_line("eval_accuracy", 76.3, epoch_num=3)])
+    percent = _hand_written(
+        tmp_path, extra=[_log_line("eval_accuracy", 76.3, time_ms=31_500, epoch_num=3)]
+    )
     with pytest.raises(UserError, match="not a fraction"):
         mlperf_import.build_record(str(percent), {"framework": "x", "flops_per_example": 1.0})
     not_a_log = tmp_path / "notes.txt"

@@ -30,6 +30,16 @@ def test_an_integer_beyond_float_range_in_a_record_is_one_line(published_record,
     assert record.checked_integer(str(2**1023)) == 2**1023  # the largest still a float's
 
 
+def test_a_record_that_cannot_be_scored_is_named_among_several(published_record, tmp_path, capsys):
+    good, diverged = tmp_path / "good.json", tmp_path / "diverged.json"
+    good.write_text(json.dumps(published_record))
+    diverged.write_text(json.dumps({**published_record, "status": "diverged"}))
+    assert main(["score", str(good), str(diverged)]) == 2
+    assert one_line_error(capsys) == (
+        f"hpcai500-tf: error: {diverged}: cannot score a run whose status is 'diverged'\n"
+    )
+
+
 def test_a_throughput_too_large_for_a_float_is_not_printed(published_record, tmp_path, capsys):
     tiny = json.loads(json.dumps(published_record))
     for epoch in tiny["timeline"]["epochs"]:

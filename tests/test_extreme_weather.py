@@ -137,6 +137,10 @@ def test_synthetic_features_sit_inside_their_boxes(tmp_path):
         ({"images": np.ones((2, 3, 32, 48), "f4")}, "'images' must be (N, 16, H, W)"),
         ({"images": np.ones((2, 16, 32, 48), "i4")}, "'images' must hold floats"),
         ({"boxes": -np.ones((2, 15, 4), "f4")}, "'boxes' must be (2, 15, 5)"),
+        (
+            {"images": np.ones((0, 16, 32, 48), "f4"), "boxes": -np.ones((0, 15, 5), "f4")},
+            "holds no samples ('images' is empty)",
+        ),
     ],
 )
 def test_malformed_files_are_named(tmp_path, kwargs, message):
@@ -357,6 +361,30 @@ def test_normalisation_is_computed_once_and_kept_beside_the_data(tmp_path):
     stored["mean"][0] = 123.0  # a kept file is trusted while the files match
     (tmp_path / ew.STATS_FILE).write_text(json.dumps(stored))
     assert ew.normalization([path], tmp_path)["mean"][0] == 123.0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"\xff\xfe not UTF-8", b"[]", b'{"key": 1}', b"{", b"NaN-mean", b"short", b"zero-std"],
+)
+def test_a_damaged_normalisation_file_is_computed_again_and_replaced(tmp_path, damage):
+    path = ew.write_synthetic(tmp_path / "climo_1979.h5", 4, 32, 48, seed=1)
+    stats = ew.normalization([path], tmp_path)
+    kept = tmp_path / ew.STATS_FILE
+    text = kept.read_text()
+    if damage == b"NaN-mean":  # Python's json writes and reads NaN; JSON has none
+        kept.write_text(text.replace(str(stats["mean"][0]), "NaN", 1))
+    elif damage == b"short":
+        kept.write_text(json.dumps({**stats, "mean": stats["mean"][:3]}))
+    elif damage == b"zero-std":
+        kept.write_text(json.dumps({**stats, "std": [0.0] * 16}))
+    else:
+        kept.write_bytes(damage)
+    again = ew.normalization([path], tmp_path)
+    assert again["mean"] == pytest.approx(stats["mean"]) and again["std"] == pytest.approx(
+        stats["std"]
+    )
+    assert json.loads(kept.read_text())["key"] == stats["key"]
 
 
 def test_year_files_and_missing_years(tmp_path):

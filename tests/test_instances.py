@@ -434,3 +434,17 @@ def test_mlperf_times_read_past_a_line_cut_by_a_kill(tmp_path):
     )
     assert throughput.mlperf_times(log) == (1.0, None, None)
     assert throughput.mlperf_times(tmp_path / "none.log") == (None, None, None)
+
+
+def test_a_throughput_record_is_told_by_its_top_level_kind_only(tmp_path):
+    from hpcai500_tf.run import throughput
+
+    nested = tmp_path / "nested.json"  # a run record whose sidecar layer says "kind"
+    nested.write_text(
+        json.dumps({"kind": "hpcai500-record", "layers": {"L1": {"kind": throughput.KIND}}})
+    )
+    late = tmp_path / "late.json"  # the kind after 4 KiB of other keys
+    late.write_text(json.dumps({"notes": "x" * 5000, "kind": throughput.KIND}))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"kind": throughput.KIND})[:-1] + ", ")
+    assert [throughput.is_throughput(p) for p in (nested, late, broken)] == [False, True, False]

@@ -645,6 +645,19 @@ def test_a_scaling_file_scales_the_systems_time_as_mlperf_does(tree, tmp_path, c
     assert scaled.time_to_quality_s == pytest.approx(1.25 * sum(times[1:-1]) / 3)
 
 
+def test_a_benchmark_folder_given_as_dot_or_a_link_finds_its_system(tree, tmp_path, monkeypatch):
+    benchmark = tree / "Alpha" / "results" / "alpha_n2" / "resnet"
+    linked = tmp_path / "linked-resnet"
+    linked.symlink_to(benchmark)
+    for given, where in ((".", benchmark), (str(linked), tmp_path)):
+        monkeypatch.chdir(where)
+        out = tmp_path / f"out-{len(given)}"
+        assert main(["import-mlperf", given, "--out", str(out)]) == 0, given
+        names = sorted(path.name for path in out.glob("*.json"))
+        assert len(names) == len(list(benchmark.glob("result_*.txt"))), given
+        assert all(name.startswith("v4.0--Alpha--alpha_n2--result_") for name in names), names
+
+
 # ------------------------------------------------------------------------ a round's size
 
 

@@ -204,6 +204,27 @@ def test_several_runs_give_a_ranking_page_linking_each_run(tmp_path):
     assert index.count("<script>") == 1 and POLICY in index and POLICY in written[systems[0]]
 
 
+def test_system_facts_of_any_json_type_rank_and_a_page_that_fails_leaves_no_report(
+    tmp_path, monkeypatch
+):
+    # An imported sidecar's L1 may hold a list or text where a ranking shows a model and counts.
+    odd = full_record("Odd machine")
+    odd["layers"]["L1"].update(accelerator_model=["H100", "H100", "A100"], accelerator_count="8",
+                               nodes=True)  # fmt: skip
+    runs = [make_run(tmp_path, "odd", odd), make_run(tmp_path, "plain", full_record())]
+    written = report(tmp_path, *runs)
+    assert "A100, H100" in text_of(written["index.html"])
+
+    # A page that cannot be rendered stops the report before any page is written.
+    def broken(*args):
+        raise RuntimeError("a page failed")
+
+    monkeypatch.setattr(pages, "index_page", broken)
+    with pytest.raises(RuntimeError, match="a page failed"):
+        main(["report", *map(str, runs), "--out", str(tmp_path / "again")])
+    assert not (tmp_path / "again").exists()
+
+
 @pytest.mark.parametrize("taken", ["file", "non-empty"])
 def test_an_output_that_is_a_file_or_not_empty_is_refused_in_one_line(tmp_path, capsys, taken):
     run_dir = make_run(tmp_path, "run-a", full_record())

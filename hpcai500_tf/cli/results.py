@@ -24,8 +24,11 @@ def _score(args: argparse.Namespace) -> int:
         return 0
     results = []
     for path, rec in load_records(args.records):
-        benchmark = config.load_benchmark(rec["benchmark"])
-        results.append((path, rec, scoring.score(rec, benchmark, args.cap, args.convention)))
+        try:
+            benchmark = config.load_benchmark(rec["benchmark"])
+            results.append((path, rec, scoring.score(rec, benchmark, args.cap, args.convention)))
+        except UserError as error:  # which of the records named cannot be scored
+            raise UserError(f"{path}: {error}") from None
     if args.json:
         from dataclasses import asdict
 

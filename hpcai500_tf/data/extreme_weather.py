@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -97,6 +98,8 @@ def check_file(path: Path) -> tuple[int, int, int]:
         if images.dtype.kind != "f":
             raise UserError(f"{path}: 'images' must hold floats, got {images.dtype}")
         count, _, height, width = images.shape
+        if count == 0:
+            raise UserError(f"{path}: holds no samples ('images' is empty)")
         if boxes.shape != (count, MAX_BOXES, 5):
             raise UserError(f"{path}: 'boxes' must be ({count}, 15, 5), got {boxes.shape}")
         if boxes.dtype.kind not in "fiu":
@@ -268,13 +271,9 @@ def normalization(files: list[Path], data_dir: Path, samples_per_file: int = 64)
         json.dumps([[p.name, p.stat().st_size] for p in files]).encode()
     ).hexdigest()[:16]
     stats_path = data_dir / STATS_FILE
-    if stats_path.is_file():
-        try:
-            stored = json.loads(stats_path.read_text())
-            if stored.get("key") == key:
-                return stored
-        except (json.JSONDecodeError, OSError):
-            pass
+    stored = _stored_normalization(stats_path, key)
+    if stored is not None:
+        return stored
     h5py = _h5py()
     total = np.zeros(len(CHANNELS))
     squares = np.zeros(len(CHANNELS))
@@ -305,6 +304,31 @@ def normalization(files: list[Path], data_dir: Path, samples_per_file: int = 64)
     except OSError:
         pass  # a read-only data directory: computed again next time
     return stats
+
+
+def _stored_normalization(path: Path, key: str) -> dict | None:
+    """The statistics kept at `path` where they are those of the files `key` names and whole:
+    a finite mean and a positive finite std per channel; None otherwise (another file set,
+    or a file damaged or not ours: computed again, and the file replaced)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        stored = record_io.parse_json(
+            record_io.read_regular_file(path, "normalization file"), path, "normalization file"
+        )
+    except UserError:
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != key:
+        return None
+    for name, floor in (("mean", -math.inf), ("std", 0.0)):
+        values = stored.get(name)
+        if not isinstance(values, list) or len(values) != len(CHANNELS):
+            return None
+        for value in values:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > floor):
+                return None
+    return stored
 
 
 def dataset(

@@ -91,7 +91,7 @@ def _benchmark_folders(tree: Path) -> list[tuple[str, Path, Path, Path]]:
     elif above[0].name == RESULTS:
         return [(above[1].name, above[1], tree, b) for b in _folders(tree)]
     elif above[1].name == RESULTS:
-        return [(above[2].name, above[2], tree.parent, tree)]
+        return [(above[2].name, above[2], above[0], tree)]  # the parent of what `tree` is
     else:
         organisations = [(o.name, o) for o in _folders(tree) if (o / RESULTS).is_dir()]
     return [

@@ -55,24 +55,21 @@ def write_report(arguments: list[str], out: str | Path) -> list[Path]:
     runs = [load_run(argument) for argument in _distinct(arguments)]
     pages = [(throughput_page.page_name(p), throughput_page.throughput_page(p)) for p in found]
     names = page_names(runs)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"--out {out}: cannot create it ({error.strerror or error})") from None
     with_index = len(runs) > 1
-    written = [
-        _write_new(out / name, run_page(run, with_index))
-        for run, name in zip(runs, names, strict=True)
-    ]
-    written += [_write_new(out / name, text) for name, text in pages]
+    # Every page rendered before the first is written: a record a page cannot show leaves no
+    # report that looks whole but lacks its ranking.
+    pages += [(name, run_page(run, with_index)) for run, name in zip(runs, names, strict=True)]
     if with_index:
         rows, refused = leaderboard.collect(runs)
         leaderboard.system_page_names(rows, set(names) | {INDEX})
         page_of = {run.argument: name for run, name in zip(runs, names, strict=True)}
-        for row in (row for ranking_rows in rows for row in ranking_rows):
-            written.append(_write_new(out / row.page, system_page(row, page_of)))
-        written.append(_write_new(out / INDEX, index_page(rows, refused, page_of)))
-    return written
+        pages += [(row.page, system_page(row, page_of)) for ranking in rows for row in ranking]
+        pages.append((INDEX, index_page(rows, refused, page_of)))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"--out {out}: cannot create it ({error.strerror or error})") from None
+    return [_write_new(out / name, text) for name, text in pages]
 
 
 def _check_out(out: Path) -> None:

@@ -394,11 +394,29 @@ def system_facts(record: dict) -> dict:
         count = len(used) if nodes == 1 else None  # L1 is the chief's node
     framework = " ".join(str(stack[k]) for k in ("framework", "framework_version") if stack.get(k))
     return {
-        "accelerator": accelerator,
-        "accelerators": count,
-        "nodes": nodes,
+        "accelerator": _fact_text(accelerator),
+        "accelerators": _fact_count(count),
+        "nodes": _fact_count(nodes),
         "framework": framework or None,
     }
+
+
+def _fact_text(value) -> str | None:
+    """A system fact as the text a ranking shows: a list (an imported sidecar's L1 may hold
+    one) as its distinct entries, anything else as written; None where empty."""
+    if isinstance(value, list):
+        value = ", ".join(sorted({str(v) for v in value}))
+    if value is None:
+        return None
+    return str(value).strip() or None
+
+
+def _fact_count(value) -> int | None:
+    """A count a ranking shows: a whole number, else None (not recorded, or not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    whole = isinstance(value, int) or (math.isfinite(value) and value.is_integer())
+    return int(value) if whole and value >= 0 else None
 
 
 def _hpcai500_rule(submission: Submission, repeatability: Repeatability) -> str | None:

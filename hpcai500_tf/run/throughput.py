@@ -104,14 +104,14 @@ def validate(data: Any, path: Path | str) -> dict:
 
 
 def is_throughput(path: Path | str) -> bool:
-    """Whether a file a user named is a throughput record (by its kind), read cheaply; any
-    file that cannot be read so is left to the record loader to refuse."""
+    """Whether a file a user named is a throughput record: JSON whose top-level kind is
+    KIND (a nested "kind" is not); any file that cannot be read so is left to the record
+    loader to refuse."""
     try:  # a FIFO, a device or a loop is never opened to read (files.py checks its kind)
-        with open_regular_file(path, "record") as handle:
-            head = handle.read(4096)
+        data = record_io.parse_json(record_io.read_regular_file(path, "record"), path, "record")
     except (OSError, UserError):
         return False
-    return f'"kind": "{KIND}"'.encode() in head
+    return isinstance(data, dict) and data.get("kind") == KIND
 
 
 def load(path: Path | str) -> dict:
