@@ -11,7 +11,7 @@ import pytest
 from hpcai500_tf import config, record
 from hpcai500_tf.cli import main
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.mlperf import mlperf_import
+from hpcai500_tf.mlperf import mlperf_import, mlperf_tree
 from hpcai500_tf.results import compare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,13 +202,13 @@ def test_a_single_log_reads_repeated_headers_once_and_refuses_conflicting_ones(t
     sidecar = {"framework": "x", "flops_per_example": 1.0}
     # A multi-node log: every node's launcher logs the header, at its own time.
     repeated = _hand_written(tmp_path, extra=[_log_line("global_batch_size", 256, time_ms=1_300)])
-    record, warnings = mlperf_import.build_record(str(repeated), sidecar)
+    record, warnings = mlperf_tree.single_log_record(str(repeated), sidecar)
     assert record["layers"]["L6"]["global_batch"] == 256
     conflicting = _hand_written(
         tmp_path, extra=[_log_line("global_batch_size", 512, time_ms=1_300)]
     )
     with pytest.raises(UserError, match=r"2 different 'global_batch_size' lines \(line 3: 256; "):
-        mlperf_import.build_record(str(conflicting), sidecar)
+        mlperf_tree.single_log_record(str(conflicting), sidecar)
 
 
 def test_what_the_log_cannot_say_must_be_given(tmp_path, capsys):

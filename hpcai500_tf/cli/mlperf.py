@@ -59,7 +59,7 @@ def _import_mlperf_tree(args: argparse.Namespace) -> int:
 
 def _import_mlperf(args: argparse.Namespace) -> int:
     from hpcai500_tf import record as record_io
-    from hpcai500_tf.mlperf import mlperf_import
+    from hpcai500_tf.mlperf import mlperf_import, mlperf_tree
 
     try:
         tree = Path(args.log).is_dir()
@@ -71,7 +71,7 @@ def _import_mlperf(args: argparse.Namespace) -> int:
     for key in ("framework", "framework_version", "flops_per_example"):
         if getattr(args, key) is not None:
             sidecar[key] = getattr(args, key)
-    rec, warnings = mlperf_import.build_record(args.log, sidecar, args.benchmark)
+    rec, warnings = mlperf_tree.single_log_record(args.log, sidecar, args.benchmark)
     out = args.out or f"{args.log}.record.json"
     record_io.save(out, rec)
     from hpcai500_tf.report.console import console, escape

@@ -166,14 +166,9 @@ def build_record(
     log_path: str, sidecar: dict, benchmark_name: str | None = None
 ) -> tuple[dict, list[str]]:
     """The record of an MLPerf log (see the module's doc for what else it needs)."""
-    from hpcai500_tf.mlperf.mlperf_tree import check_events  # (it imports this module)
-
     path = Path(log_path)
     events, warnings = read_log(path)
-    # As a results tree's logs are read (MLPerf's tools' reading): a header repeated by every
-    # node read once, two that differ refused naming both lines, lines out of order refused.
-    events, repeated = check_events(events, path)
-    return record_from_events(events, warnings + repeated, path, sidecar, benchmark_name)
+    return record_from_events(events, warnings, path, sidecar, benchmark_name)
 
 
 def record_from_events(

@@ -184,6 +184,20 @@ def imported_results(out: Path) -> dict[tuple, Path]:
     return found
 
 
+def single_log_record(
+    log_path: str, sidecar: dict, benchmark_name: str | None = None
+) -> tuple[dict, list[str]]:
+    """`import-mlperf LOG`'s record, its log read as a tree's logs are (MLPerf's tools'
+    reading): a header every node repeats read once, two that differ refused naming both
+    lines, lines out of order refused."""
+    path = Path(log_path)
+    events, warnings = mlperf_import.read_log(path)
+    events, repeated = check_events(events, path)
+    return mlperf_import.record_from_events(
+        events, warnings + repeated, path, sidecar, benchmark_name
+    )
+
+
 def check_events(events: list[dict], path: Path) -> tuple[list[dict], list[str]]:
     """The log's events with repeated lines read once, as MLPerf's result_summarizer and
     compliance checker read them (see `_once_facts`), and lines out of order refused
