@@ -5,6 +5,7 @@ by every reader and writer, importing nothing of the project's but its error typ
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -12,6 +13,7 @@ from typing import BinaryIO, TextIO
 from hpcai500_tf.errors import UserError
 
 MAX_FILE_BYTES = 1 << 30  # records, logs and sidecars larger than this are refused
+SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<index>[0-9]+)-of-(?P<total>[0-9]+)")
 
 
 class NotRegularFile(UserError):
@@ -121,3 +123,24 @@ def check_output_directory(flag: str, path: Path | str) -> Path:
     except OSError as error:  # e.g. a name too long
         raise UserError(f"{flag} {path}: {error.strerror}") from None
     return out
+
+
+def shard_set_problem(names: list[str]) -> str | None:
+    """Why file names of the form STEM-I-of-N (TensorFlow's sharded files: TFRecord shards,
+    checkpoint data) are not one whole set: "missing NAME" (the first one missing), "shards of
+    different sets" (two totals or two stems) or one numbered past its total; None for a whole
+    set. Names not of that form are not judged."""
+    shards = [m for m in map(SHARD_NAME.fullmatch, names) if m]
+    sets = {(m["stem"], m["total"]) for m in shards}
+    if len(sets) > 1:
+        return "shards of different sets"
+    if not sets:
+        return None
+    stem, total = sets.pop()
+    if beyond := [m.string for m in shards if int(m["index"]) >= int(total)]:
+        return f"{beyond[0]} numbered beyond its set of {int(total)}"
+    present = {int(m["index"]) for m in shards}
+    missing = [i for i in range(int(total)) if i not in present]
+    if missing:
+        return f"missing {stem}-{missing[0]:0{len(total)}d}-of-{total}"
+    return None

@@ -75,6 +75,55 @@ def test_converter_refuses_to_overwrite_and_bad_sources(tmp_path, imagenet_dir):
     assert result.returncode == 2 and "not a directory" in result.stderr
 
 
+def test_converter_leaves_no_shard_when_one_fails(tmp_path):
+    """A bad image in the last shard leaves neither the shards written before it nor a
+    temporary: a partial set would train on part of the data and look valid."""
+    images = make_image_folder(tmp_path / "images", classes=2, per_class=2)
+    (images / "class_1" / "9.jpg").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="9.jpg: not a readable image"):
+        convert(images, out, "train", shards=3, first_label=1)
+    assert list(out.iterdir()) == []
+
+
+def test_converter_never_adds_to_a_split(tmp_path, imagenet_dir):
+    """Shards of another count in the folder are refused before anything is written."""
+    images = make_image_folder(tmp_path / "images", classes=1, per_class=2)
+    out = tmp_path / "out"
+    shutil.copytree(imagenet_dir, out)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ValueError, match="train-00000-of-00002: already exists"):
+        convert(images, out, "train", shards=1, first_label=1)
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: (d / "train-00001-of-00002").unlink(), r"missing train-00001-of-00002\)"),
+        (
+            lambda d: shutil.copy(d / "train-00000-of-00002", d / "train-00000-of-00004"),
+            "shards of different sets",
+        ),
+        (
+            lambda d: shutil.copy(d / "train-00000-of-00002", d / "train-00002-of-00002"),
+            "train-00002-of-00002 numbered beyond its set of 2",
+        ),
+        (
+            lambda d: (d / "train-00000-of-00002.idx").write_text("0 10\n"),
+            "train-00000-of-00002.idx is not named like the other train shards",
+        ),
+    ],
+)
+def test_a_split_must_be_one_whole_shard_set(tmp_path, imagenet_dir, change, message):
+    data = tmp_path / "data"
+    shutil.copytree(imagenet_dir, data)
+    change(data)
+    with pytest.raises(UserError, match=message):
+        imagenet.shard_files(data, "train")
+    assert imagenet.shard_files(data, "validation")  # the other split is judged alone
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_pipeline_gives_model_sized_uint8_images_and_offset_labels(imagenet_dir, training):
     dataset = imagenet.imagenet_dataset(

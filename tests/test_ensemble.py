@@ -313,6 +313,30 @@ def test_bad_input_is_one_line_exit_2_before_any_training(tmp_path, capsys, extr
     assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("environ", "workers", "per_member"),
+    [
+        ({"SLURM_JOB_ID": "42", "SLURM_NTASKS": "4"}, None, 1),  # salloc -n4: runs here
+        ({"SLURM_JOB_ID": "42", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+          "SLURM_STEP_NUM_TASKS": "1"}, 4, 2),  # srun -n1 in a larger job: --workers counts
+        ({"SLURM_JOB_ID": "42", "SLURM_NTASKS": "4", "SLURM_PROCID": "1",
+          "SLURM_STEP_NUM_TASKS": "4"}, None, 2),  # srun -n4: the step's tasks
+    ],
+)  # fmt: skip
+def test_members_workers_come_from_the_step_not_the_job(monkeypatch, environ, workers,
+                                                         per_member):  # fmt: skip
+    """The job's SLURM_NTASKS outside a step (salloc, a batch shell) is not the members'
+    workers: they run on this machine."""
+    from types import SimpleNamespace
+
+    for name in [n for n in os.environ if n.startswith("SLURM")]:
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    args = SimpleNamespace(instances=2, workers=workers)
+    assert ensemble._workers_per_member(args) == per_member
+
+
 def test_a_framework_whose_evaluation_saves_no_probabilities_is_refused(tmp_path, capsys,
                                                                       monkeypatch):  # fmt: skip
     """Both frameworks save them; a backend that did not would be refused by its capability."""

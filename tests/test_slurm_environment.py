@@ -357,6 +357,26 @@ def test_train_ends_in_one_line_before_its_framework_loads(tmp_path, framework):
     assert seconds < 30 and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_workers_launched_by_each_task_of_a_step_are_refused(tmp_path, framework):
+    """`srun -n2 ... train --workers 4` would have started two separate 4-worker runs, each
+    recorded as the whole run: refused in one line before anything starts. One task with
+    --workers (srun -n1, or a batch shell) still launches its workers."""
+    args = [*TRAIN, "--framework", framework, "--workers", "4", "--out", str(tmp_path / "runs")]
+    result, _ = _command(args, STEP, tmp_path)
+    _refused_in_one_line(result, "this is one of 2 tasks of an srun step")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "environ", [{**STEP, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1"}, BATCH]
+)
+def test_one_task_or_a_batch_shell_still_launches_workers(monkeypatch, environ):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert cluster_workers.strategy_overrides(True) == ["training.strategy=multi_worker"]
+
+
 UNRESOLVABLE = {
     **STEP, "SLURM_STEP_NODELIST": "n[1-2].invalid", "SLURMD_NODENAME": "n1.invalid",
     "SLURM_LOCALID": "0", "SLURM_JOB_ID": "4321",

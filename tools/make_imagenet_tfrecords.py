@@ -6,7 +6,8 @@ SRC_DIR/<class>/<image>.{jpg,jpeg,png,...}: classes are numbered in sorted folde
 --first-label (1 in the ImageNet layout, where 0 is the background class). Non-JPEG images are
 re-encoded as JPEG. Each record holds `image/encoded`, `image/class/label`, `image/format`,
 `image/height`, `image/width`, `image/filename` and a whole-image `image/object/bbox/*`.
-Shards are written as `<split>-NNNNN-of-MMMMM` through temporary files: nothing partial is left.
+Shards are written as `<split>-NNNNN-of-MMMMM`, all into temporary files first and renamed
+only when every one is written: a failure leaves no shard, and a split is never added to.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpcai500_tf.data.image_folder import convert  # noqa: E402
-from hpcai500_tf.errors import ArgumentParser  # noqa: E402
+from hpcai500_tf.errors import ArgumentParser, UserError  # noqa: E402
 
 
 def main() -> int:
@@ -30,7 +31,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         count = convert(args.src, args.out, args.split, args.shards, args.first_label)
-    except ValueError as error:
+    except (ValueError, UserError) as error:
         print(f"make_imagenet_tfrecords: error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {count} records to {args.out}")

@@ -109,6 +109,14 @@ def strategy_overrides(
     cluster (TF_CONFIG where the framework `reads_tf_config`, TensorFlow; Slurm's step for
     both frameworks) is checked here, its hosts resolved, in one line, before the framework
     loads (backends.Backend.strategy_overrides gives the framework's flags)."""
+    if launching_workers and "SLURM_STEP_NUM_TASKS" in os.environ and under_slurm():
+        tasks = slurm.step_tasks(os.environ)
+        raise UserError(
+            f"--workers launches its workers on this machine, but this is one of {tasks} "
+            "tasks of an srun step, each of which would launch a run of its own: srun -n1 "
+            "with --workers for one machine, or drop --workers and let the step's tasks be "
+            "the workers"
+        )
     torch_workers = reads_torchrun and os.environ.get("WORLD_SIZE", "1") not in ("", "1")
     found = None if launching_workers or torch_workers else cluster_in_environment()
     if launching_workers or torch_workers or found:

@@ -5,7 +5,8 @@ SRC_DIR/<class>/<image>.{jpg,jpeg,png,...}: classes are numbered in sorted folde
 `first_label` (1 in the ImageNet layout, where 0 is the background class). Non-JPEG images are
 re-encoded as JPEG. Each record holds `image/encoded`, `image/class/label`, `image/format`,
 `image/height`, `image/width`, `image/filename` and a whole-image `image/object/bbox/*`.
-Shards are written as `<split>-NNNNN-of-MMMMM` through temporary files: nothing partial is left.
+Shards are written as `<split>-NNNNN-of-MMMMM`, all into temporary files first and renamed
+only when every one is written: a failure leaves no shard, and a split is never added to.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpcai500_tf.files import check_output_directory
 from hpcai500_tf.tensorflow_import import import_tensorflow
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif"}
@@ -27,7 +29,10 @@ def _feature(tf, value):
 
 
 def example(tf, path: Path, label: int):
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read it ({error.strerror or error})") from None
     try:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     except tf.errors.InvalidArgumentError:
@@ -68,17 +73,41 @@ def convert(src: Path, out: Path, split: str, shards: int, first_label: int) -> 
     if shards < 1:
         raise ValueError(f"--shards must be >= 1, got {shards}")
     shards = min(shards, len(items))
+    check_output_directory("OUT_DIR", out)
+    names = [out / f"{split}-{shard:05d}-of-{shards:05d}" for shard in range(shards)]
+    if out.is_dir() and (present := sorted(out.glob(f"{split}-*"))):
+        raise ValueError(
+            f"{present[0]}: already exists; refusing to add {split} shards beside it "
+            "(a split must be one set: write it where it is not yet)"
+        )
     import_tensorflow()  # its native start-up lines kept off the console
     import tensorflow as tf
 
-    out.mkdir(parents=True, exist_ok=True)
-    for shard in range(shards):
-        name = out / f"{split}-{shard:05d}-of-{shards:05d}"
-        if name.exists():
-            raise ValueError(f"{name}: already exists; refusing to overwrite it")
-        tmp = name.with_name(f".{name.name}.tmp")
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
-            for path, label in items[shard::shards]:
-                writer.write(example(tf, path, label).SerializeToString())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{out}: cannot create it ({error.strerror or error})") from None
+    temporaries = [name.with_name(f".{name.name}.tmp") for name in names]
+    try:
+        for shard, tmp in enumerate(temporaries):
+            _write_shard(tf, tmp, items[shard::shards])
+    except tf.errors.OpError as error:  # e.g. a full disk
+        _remove(temporaries)
+        raise ValueError(f"{out}: cannot write the shards ({error.message})") from None
+    except BaseException:
+        _remove(temporaries)
+        raise
+    for tmp, name in zip(temporaries, names, strict=True):
         os.replace(tmp, name)
     return len(items)
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _write_shard(tf, path: Path, items: list[tuple[Path, int]]) -> None:
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for image, label in items:
+            writer.write(example(tf, image, label).SerializeToString())

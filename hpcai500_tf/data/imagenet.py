@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 
 from hpcai500_tf.data import bootstrap_records, listing, tfrecords
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.files import open_lock_file
+from hpcai500_tf.files import SHARD_NAME, open_lock_file, shard_set_problem
 
 FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -58,12 +58,29 @@ def shard_files(data_dir: str | Path, split: str) -> list[str]:
     if not data_dir.is_dir():
         raise UserError(f"{data_dir}: data directory not found")
     prefix = {"train": "train-", "validation": "validation-"}[split]
-    files = sorted(str(p) for p in data_dir.glob(f"{prefix}*") if p.is_file())
+    files = sorted(p for p in data_dir.glob(f"{prefix}*") if p.is_file())
     if not files:
         raise UserError(
             f"{data_dir}: no '{prefix}*' TFRecord shards (expected the ImageNet layout)"
         )
-    return files
+    _check_one_set(data_dir, split, [p.name for p in files])
+    return [str(p) for p in files]
+
+
+def _check_one_set(data_dir: Path, split: str, names: list[str]) -> None:
+    """Shards named `<split>-I-of-N` must be one whole set, and then every file of the split
+    named so: a set cut short by a failed copy or conversion, or two sets in one folder (a
+    re-sharded copy beside the old one, an index file beside its shard), would otherwise train
+    on part of the data or read the same records twice, each looking like a valid run."""
+    named = [name for name in names if SHARD_NAME.fullmatch(name)]
+    if named and len(named) < len(names):
+        odd = next(name for name in names if not SHARD_NAME.fullmatch(name))
+        raise UserError(
+            f"{data_dir}: {odd} is not named like the other {split} shards ({named[0]}); "
+            "move it out of the folder"
+        )
+    if problem := shard_set_problem(names):
+        raise UserError(f"{data_dir}: the {split} shards are not one whole set ({problem})")
 
 
 def normalise(images, method: str = "mean_255"):

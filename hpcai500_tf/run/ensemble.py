@@ -21,6 +21,7 @@ benchmark's stated convention).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,11 +87,16 @@ def check_arguments(args, backend) -> None:
 
 
 def _workers_per_member(args) -> int:
-    """Each member's workers: srun's tasks, else --workers, shared by --instances."""
-    import os
+    """Each member's workers: the srun step's tasks where this is one of several (the job's
+    SLURM_NTASKS under salloc or a batch shell is no step: the members run here), else
+    --workers, shared by --instances."""
+    from hpcai500_tf.cluster import slurm
+    from hpcai500_tf.cluster import workers as cluster
 
-    tasks = os.environ.get("SLURM_NTASKS") if os.environ.get("SLURM_JOB_ID") else None
-    total = int(tasks) if tasks else (args.workers or args.instances)
+    if cluster.under_slurm():  # a batch shell with several tasks and no step: one line
+        total = slurm.step_tasks(os.environ)
+    else:
+        total = args.workers or args.instances
     return max(1, total // args.instances)
 
 

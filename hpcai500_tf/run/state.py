@@ -25,7 +25,7 @@ from pathlib import Path
 from hpcai500_tf import backends
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.files import read_regular_file
+from hpcai500_tf.files import read_regular_file, shard_set_problem
 from hpcai500_tf.run.directory import (
     CHECKPOINTS,  # re-exported
     CONFIG_FILE,
@@ -249,14 +249,8 @@ def _check_shards(prefix: Path, stem: str, what: str) -> None:
     if not shards:
         kind = what.removeprefix("checkpoint ").removesuffix(" file")
         raise UserError(f"{prefix}: the checkpoint has no {kind} files ({stem}-*)")
-    counts = {shard.name.rsplit("-of-", 1)[1] for shard in shards}
-    expected = {f"{stem}-{i:05d}-of-{count}" for count in counts for i in range(int(count))}
-    missing = sorted(expected - {shard.name for shard in shards})
-    if len(counts) != 1 or missing:
-        raise UserError(
-            f"{prefix}: the checkpoint is incomplete "
-            f"({'missing ' + missing[0] if missing else 'shards of different sets'})"
-        )
+    if problem := shard_set_problem([shard.name for shard in shards]):
+        raise UserError(f"{prefix}: the checkpoint is incomplete ({problem})")
     for shard in shards:
         _regular(shard, what)
 
