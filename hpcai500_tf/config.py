@@ -647,6 +647,12 @@ def roofline_setup(
         setup = prepare(benchmark_name, preset, overrides)
         return without_data(setup, batch_per_replica), None
     run_record = record_io.load(record_path)
+    if run_record["status"] == "imported" or run_record["source"].get("imported_from"):
+        raise UserError(
+            f"{record_path}: an imported record (a result from elsewhere, with no config of "
+            "this project's): --record places a run this project trained; give --benchmark "
+            "and --preset instead"
+        )
     benchmark = load_benchmark(run_record["benchmark"])
     setup = setup_from(benchmark, run_record["preset"], run_record["config"])
     return without_data(setup, batch_per_replica), run_record

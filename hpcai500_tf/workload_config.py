@@ -254,8 +254,10 @@ def _backbone_problem(model) -> str | None:
     """What is wrong with the ResNet backbone settings both models share, or None."""
     if model.kernels not in KERNEL_CHOICES:
         return f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got '{model.kernels}'"
-    if not 0 < model.width <= 16 or len(model.blocks) != 4:
-        return f"width must be in (0, 16] and blocks four counts, got {model.width}"
+    if not 0 < model.width <= 16:
+        return f"width must be in (0, 16], got {model.width}"
+    if len(model.blocks) != 4:
+        return f"blocks must be four counts (one per stage), got {list(model.blocks)}"
     if not 0 < model.bn_momentum < 1 or not 0 < model.bn_epsilon <= 1:
         return "bn_momentum must be in (0, 1) and bn_epsilon in (0, 1]"
     return None

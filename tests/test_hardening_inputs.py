@@ -4,6 +4,7 @@ logs through symlinks, a closed pipe. Each ends in one line and exit 2, never a 
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,10 +76,11 @@ def test_train_out_naming_a_file_is_refused(tmp_path, no_tensorflow, capsys):
         ("data.num_classes=200000", "'data.num_classes' must be in [2, 100,000], got 200000"),
         ("data.noise=-1.0", "'data.noise' must be in [0, 100]"),
         ("model.blocks=[1, 1, 1, 0]", "'model.blocks' must be in [1, 100], got 0"),
+        ("model.blocks=[]", "'model.blocks' must be four counts (one per stage), got []"),
     ],
 )
 def test_data_and_model_sections_state_their_ranges(override, message):
-    with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(UserError, match=re.escape(message)):
         config.prepare("image_classification", "tiny", [override])  # before TensorFlow
 
 

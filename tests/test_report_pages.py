@@ -169,6 +169,18 @@ def test_a_directory_without_a_record_and_a_damaged_power_file_still_render(tmp_
     assert page.count("<svg") == 1  # the power chart from what could be read
 
 
+def test_a_directory_that_is_no_run_is_refused(tmp_path, capsys):
+    """A folder holding files but none a run writes (`report /etc`) was a page saying only
+    what it lacked, exit 0."""
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"\xff\xd8")
+    assert main(["report", str(other), "--out", str(tmp_path / "report")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"{other}: not a run directory (none of the files a run writes is in it)")
+    assert not (tmp_path / "report").exists()
+
+
 def test_a_record_file_works_as_well_as_its_directory(tmp_path):
     run_dir = make_run(tmp_path, "run-a", full_record())
     page = report(tmp_path, run_dir / "record.json")["run-a.html"]

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -13,6 +14,8 @@ from hpcai500_tf.engine.run import build_engine
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.roofline import peaks, sweep, timed_ops, workload
 from hpcai500_tf.roofline.sweep import QUICK, resnet50_conv_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_chained_gemm_stays_below_the_machine_peak():
@@ -133,6 +136,10 @@ def test_roofline_places_the_reference_model_without_data(tmp_path, monkeypatch)
     [
         (["--dtypes", "fp8"], "unknown dtype fp8"),
         (["--record", "/nonexistent.json"], "no such record file"),
+        (
+            ["--record", str(ROOT / "examples" / "published_2020" / "2_google.json")],
+            "2_google.json: an imported record (a result from elsewhere",
+        ),
         (["--batch", "0"], "--batch must be in [1, 65536]"),
     ],
 )

@@ -100,11 +100,23 @@ def test_slurm_ntasks_that_is_no_count_is_one_line_not_a_single_worker(tasks):
         ('{"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}}', "a:99999"),
         (
             '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": true}}',
-            "task index True is",
+            "task index must be a JSON whole number, got 'true'",
+        ),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}}',
+            """task index must be a JSON whole number, got '"0"'""",
         ),
         ("[" * 100_000 + "]" * 100_000, "TF_CONFIG is nested too deeply"),
     ],
-    ids=["5000-digits", "4000-digits", "superscript-port", "port-99999", "bool-index", "deep"],
+    ids=[
+        "5000-digits",
+        "4000-digits",
+        "superscript-port",
+        "port-99999",
+        "bool-index",
+        "str-index",
+        "deep",
+    ],
 )
 def test_tf_config_numbers_are_read_strictly(text, named):
     with pytest.raises(UserError) as refused:

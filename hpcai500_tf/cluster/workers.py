@@ -72,7 +72,11 @@ def parse_tf_config(text: str) -> dict:
     kind, index = task["type"], task["index"]
     if kind not in cluster:
         raise UserError(f"TF_CONFIG: task type {shown(str(kind))} is not a job of the cluster")
-    if type(index) is not int or not 0 <= index < len(cluster[kind]):
+    if type(index) is not int:
+        raise UserError(
+            f"TF_CONFIG: task index must be a JSON whole number, got {shown(json.dumps(index))}"
+        )
+    if not 0 <= index < len(cluster[kind]):
         raise UserError(
             f"TF_CONFIG: task index {shown(str(index))[1:-1]} is out of range for "
             f"{len(cluster[kind])} {kind} address(es)"

@@ -55,6 +55,10 @@ def load_run(argument: str) -> RunFiles:
     record.json). Refuses, in one line naming it, an argument that is neither."""
     path = Path(argument)
     if path.is_dir():
+        if not _holds_a_run(path):
+            raise UserError(
+                f"{argument}: not a run directory (none of the files a run writes is in it)"
+            )
         run = RunFiles(argument, path.resolve().name, path, RunDirectory(path).record)
         _read_record_in_directory(run)
     elif path.exists():
@@ -78,6 +82,13 @@ def load_run(argument: str) -> RunFiles:
     run.step_throughput, notes = read_step_throughput(directory.tensorboard)
     run.missing += [("throughput", note) for note in notes]
     return run
+
+
+def _holds_a_run(path: Path) -> bool:
+    try:
+        return RunDirectory(path).holds_a_run()
+    except OSError as error:
+        raise UserError(f"{path}: cannot read it ({error.strerror or error})") from None
 
 
 def _read_record_in_directory(run: RunFiles) -> None:

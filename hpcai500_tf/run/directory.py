@@ -114,6 +114,14 @@ class RunDirectory:
     def lock(self) -> Path:
         return self.path / LOCK_FILE
 
+    def holds_a_run(self) -> bool:
+        """Whether this directory is a run's: empty (a run that wrote nothing yet) or holding
+        any of the files or folders a run writes."""
+        kept = (CONFIG_FILE, STATE_FILE, RECORD_FILE, MLPERF_LOG, POWER_SAMPLES, ERROR_LOG,
+                CHECKPOINTS, TENSORBOARD, WORKERS, LOCK_FILE)  # fmt: skip
+        names = {path.name for path in self.path.iterdir()}
+        return not names or any(name in names for name in kept)
+
     def checkpoint(self, epochs_done: int, batches_done: int = 0) -> Path:
         """The prefix of the checkpoint written after `epochs_done` epochs (and `batches_done`
         batches of the next: a stop's, mid-epoch)."""
