@@ -107,6 +107,12 @@ def open_for_append(path: Path | str) -> TextIO:
     return os.fdopen(fd, "a")
 
 
+def naming(error: OSError, path: Path | str) -> OSError:
+    """The error of a write (a full disk's has no file name) as one that names `path`, what
+    the one line it becomes shows (run/status.classify_failure)."""
+    return OSError(error.errno, error.strerror, str(path))
+
+
 def check_output_directory(flag: str, path: Path | str) -> Path:
     """An output directory's path, checked before any work is done: refused, in one line
     naming `flag`, where a file holds it or a folder above it, where it is a dangling symbolic

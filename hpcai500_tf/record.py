@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcai500_tf.errors import UserError
-from hpcai500_tf.files import MAX_FILE_BYTES, read_regular_file  # noqa: F401 (re-exported)
+from hpcai500_tf.files import MAX_FILE_BYTES, naming, read_regular_file  # noqa: F401 (re-exported)
 from hpcai500_tf.layers import LAYER_IDS, LAYER_KEYS  # noqa: F401 (LAYER_KEYS re-exported)
 from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
@@ -358,7 +358,7 @@ def write_atomic(path: Path | str, data: Any, *, overwrite: bool = False) -> Pat
     except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(error, OSError) and error.filename is None:  # a full disk's write
-            raise OSError(error.errno, error.strerror, str(path)) from None
+            raise naming(error, path) from None
         raise
     return path
 

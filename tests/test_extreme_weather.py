@@ -365,8 +365,9 @@ def test_normalisation_is_computed_once_and_kept_beside_the_data(tmp_path):
 
 @pytest.mark.parametrize(
     "damage",
-    [b"\xff\xfe not UTF-8", b"[]", b'{"key": 1}', b"{", b"NaN-mean", b"short", b"zero-std"],
-)
+    [b"\xff\xfe not UTF-8", b"[]", b'{"key": 1}', b"{", b"NaN-mean", b"short", b"zero-std",
+     b"huge-int-std"],
+)  # fmt: skip
 def test_a_damaged_normalisation_file_is_computed_again_and_replaced(tmp_path, damage):
     path = ew.write_synthetic(tmp_path / "climo_1979.h5", 4, 32, 48, seed=1)
     stats = ew.normalization([path], tmp_path)
@@ -378,6 +379,8 @@ def test_a_damaged_normalisation_file_is_computed_again_and_replaced(tmp_path, d
         kept.write_text(json.dumps({**stats, "mean": stats["mean"][:3]}))
     elif damage == b"zero-std":
         kept.write_text(json.dumps({**stats, "std": [0.0] * 16}))
+    elif damage == b"huge-int-std":  # an int no float holds
+        kept.write_text(json.dumps({**stats, "std": [10**400] * 16}))
     else:
         kept.write_bytes(damage)
     again = ew.normalization([path], tmp_path)

@@ -44,6 +44,7 @@ import numpy as np
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
+from hpcai500_tf.validation import is_finite_number
 
 CHANNELS = (
     "PRECT", "PS", "PSL", "QREFHT", "T200", "T500", "TMQ", "TREFHT",
@@ -324,9 +325,8 @@ def _stored_normalization(path: Path, key: str) -> dict | None:
         values = stored.get(name)
         if not isinstance(values, list) or len(values) != len(CHANNELS):
             return None
-        for value in values:
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not (number and math.isfinite(value) and value > floor):
+        for value in values:  # beyond 1e30 no channel's statistic is (and ints beyond float)
+            if not (is_finite_number(value) and floor < value and abs(value) < 1e30):
                 return None
     return stored
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcai500_tf.files import open_for_append
+from hpcai500_tf.files import naming, open_for_append
 
 # This project's benchmark names and MLPerf's `submission_benchmark` for the same problem;
 # a benchmark MLPerf does not have keeps its own name in both directions.
@@ -57,7 +57,7 @@ class MLLogger:
             self._file.write(":::MLLOG " + json.dumps(line) + "\n")
             self._file.flush()
         except OSError as error:  # a full disk: the log's path in the one line it becomes
-            raise self._failed(error) from None
+            raise naming(error, self.path) from None
 
     # What MLPerf's logger calls its three kinds of line.
     event = functools.partialmethod(_emit, "POINT_IN_TIME")
@@ -70,7 +70,4 @@ class MLLogger:
             try:
                 handle.close()
             except OSError as error:
-                raise self._failed(error) from None
-
-    def _failed(self, error: OSError) -> OSError:
-        return OSError(error.errno, error.strerror, str(self.path))
+                raise naming(error, self.path) from None

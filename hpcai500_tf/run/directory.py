@@ -146,14 +146,22 @@ class RunDirectory:
             preset = preset.encode()[:150].decode(errors="ignore") + "-" + digest
         base = Path(out_dir) / f"{benchmark}-{preset}-{stamp}{slurm_job_suffix(os.environ)}"
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        for number in range(1, MAX_SUFFIX + 1):
-            path = base if number == 1 else base.with_name(f"{base.name}-{number}")
-            try:
-                path.mkdir()
-            except FileExistsError:
-                continue
+        names = (base.name if n == 1 else f"{base.name}-{n}" for n in range(1, MAX_SUFFIX + 1))
+        if path := _first_new_directory(base.parent, names):
             return cls(path)
         raise UserError(f"{base}: taken, and so are -2 to -{MAX_SUFFIX}; choose another --out")
+
+
+def _first_new_directory(parent: Path, names) -> Path | None:
+    """The first of `names` made a new directory in `parent` (by mkdir, which one process
+    wins); None where every one is taken."""
+    for name in names:
+        try:
+            (parent / name).mkdir()
+        except FileExistsError:
+            continue
+        return parent / name
+    return None
 
 
 def slurm_job_suffix(environ) -> str:
@@ -246,14 +254,8 @@ def set_aside_unsaved_start(run_dir: RunDirectory) -> str | None:
     path = run_dir.path
     if not run_dir.config.exists() or run_dir.state.exists() or run_dir.record.exists():
         return None
-    for number in range(1, MAX_SUFFIX + 1):
-        aside = path / f"{UNSAVED_START}-{number}"
-        try:
-            aside.mkdir()
-            break
-        except FileExistsError:
-            continue
-    else:
+    aside = _first_new_directory(path, (f"{UNSAVED_START}-{n}" for n in range(1, MAX_SUFFIX + 1)))
+    if aside is None:
         raise UserError(f"{path}: {MAX_SUFFIX} unsaved starts set aside already; clear them")
     for entry in sorted(path.iterdir()):
         if entry.name != LOCK_FILE and not entry.name.startswith(f"{UNSAVED_START}-"):
