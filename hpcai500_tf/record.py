@@ -87,6 +87,9 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
+ENERGY_SHAPE = _SCHEMA["energy"]  # a throughput record's energy block has it too
+
+
 # Where a run ran, not what it ran on: two runs of one system on other nodes of a cluster (or
 # other GPUs of a node) are the same submission, and comparing them changes no layer.
 PLACEMENT_FIELDS = {("L3", "nodes"), ("L3", "gpu_assignment")}
@@ -122,7 +125,7 @@ def _check_values(record: dict, path: Path) -> None:
     needs_result = _check_quality(record, path)
     _check_timeline(record, needs_result, path)
     _check_flops(record, path)
-    _check_energy(record["energy"], path)
+    check_energy(record["energy"], path)
 
 
 def _check_quality(record: dict, path: Path) -> bool:
@@ -175,10 +178,19 @@ def _check_quality(record: dict, path: Path) -> bool:
 
 def _check_problem(quality: dict, problem: dict, path: Path) -> None:
     """One target and one metric: the problem's (layers.L9)."""
+    check_data_differences(problem, path)
     for problem_key, key in (("target_quality", "target"), ("quality_metric", "metric")):
         if problem.get(problem_key) != quality[key]:
             stated = f"layers.L9.{problem_key} = {problem.get(problem_key)!r}"
             raise invalid(path, f"quality.{key}", f"the problem's {key} ({stated})", quality[key])
+
+
+def check_data_differences(problem: dict, path: Path, where: str = "layers.L9") -> None:
+    """L9's data_differences, where stated, are a list of words (each a reason a result is
+    not rankable)."""
+    differences = problem.get("data_differences", [])
+    if not isinstance(differences, list) or not all(isinstance(d, str) for d in differences):
+        raise invalid(path, f"{where}.data_differences", "a list of strings", differences)
 
 
 def _check_reading(quality: dict, path: Path) -> None:
@@ -251,8 +263,9 @@ def _check_flops(record: dict, path: Path) -> None:
         )
 
 
-def _check_energy(energy: dict, path: Path) -> None:
-    """Measured energy is positive and scoped; energy not measured says why."""
+def check_energy(energy: dict, path: Path) -> None:
+    """Measured energy is positive and scoped; energy not measured says why (a record's, a
+    throughput record's: ENERGY_SHAPE)."""
     if energy["measured"]:
         for key in ("joules", "interval_s", "average_watts", "coverage"):
             if energy[key] is None or energy[key] <= 0:

@@ -109,6 +109,18 @@ def test_repeated_runs_form_one_submission_with_olympic_mean(published_record, i
     assert submission.flagged  # 100 s and 200 s in one submission is far above 5 %
 
 
+def test_one_record_given_five_times_is_one_run(published_record, ic):
+    """Five copies of one record were a five-run submission with no variation flagged."""
+    levels, repeatability = _levels()
+    one = set_result(copy.deepcopy(published_record), seconds=130.0, quality=0.763)
+    ranking = scoring.rank([(f"copy{i}", one) for i in range(5)], ic, levels["free"], repeatability)
+    (submission,) = ranking.submissions
+    assert submission.paths == ["copy0"]
+    assert submission.notes == ["1 run(s): fewer than the 5 a result needs (MLPerf's rule)"]
+    assert [path for path, _ in ranking.refused] == ["copy1", "copy2", "copy3", "copy4"]
+    assert ranking.refused[0][1] == ["the same record as copy0: a submission counts a run once"]
+
+
 def test_steady_runs_are_not_flagged_and_few_runs_keep_all(published_record, ic):
     levels, repeatability = _levels()
     records = [

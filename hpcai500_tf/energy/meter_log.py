@@ -9,13 +9,13 @@ The format: a text file of `timestamp,power` lines.
   unit: W/watts, kW/kilowatts or mW/milliwatts. Lines starting with `#` and blank lines are
   ignored; whitespace around fields is ignored; a semicolon or a tab may separate the fields.
 
-Lines that cannot be read are skipped, out-of-order lines are sorted, repeated timestamps keep
-their first reading; every such repair becomes a warning in the record.
+Lines that cannot be read (or read beyond a gigawatt, or past the year 5138) are skipped,
+out-of-order lines are sorted, repeated timestamps keep their first reading; every such
+repair becomes a warning in the record.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime
 from pathlib import Path
@@ -109,8 +109,13 @@ def read_meter_log(path: str | Path) -> tuple[list[tuple[float, float]], list[st
     return unique, warnings
 
 
+MAX_WATTS = 1e9  # a gigawatt: above any machine's draw (and what keeps joules finite)
+MAX_SECONDS = 1e11  # the year 5138: a timestamp past it is a misread line
+
+
 def _reading(line: str, factor: float) -> tuple[float, float] | None:
-    """(unix seconds, watts) of one line; None where it is not a finite, non-negative one."""
+    """(unix seconds, watts) of one line; None where it is not a finite, non-negative one,
+    or beyond MAX_WATTS or MAX_SECONDS."""
     match = _READING.fullmatch(line)
     if match is None:
         return None
@@ -118,6 +123,6 @@ def _reading(line: str, factor: float) -> tuple[float, float] | None:
         stamp, watts = _timestamp(match.group(1)), float(match.group(2)) * factor
     except ValueError:
         return None
-    if not (math.isfinite(stamp) and math.isfinite(watts)) or watts < 0:
+    if not (abs(stamp) < MAX_SECONDS and 0 <= watts <= MAX_WATTS):  # NaN fails both
         return None
     return stamp, watts

@@ -119,6 +119,7 @@ def read_sidecar(path: str | None) -> dict:
         raise UserError(f"{path}: a sidecar must be an object of keys")
     _json_values(data, path)
     _CHECK_SIDECAR(data, "", path)
+    record_io.check_data_differences(data.get("layers", {}).get("L9", {}), path)
     for key, words, within in (
         # a target below 0.001 makes (quality / target)^n overflow: refused here, not at scoring
         ("target_quality", "in [0.001, 1]", lambda value: 1e-3 <= value <= 1),

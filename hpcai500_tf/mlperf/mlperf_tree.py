@@ -349,6 +349,7 @@ def hyperparameters(events: list[dict]) -> dict:
     project's names where the log has them (optimizer, momentum, warm-up, ...)."""
     logged = mlperf_import.log_hyperparameters(events)
     optimizer = logged.get("opt_name")
+    optimizer = optimizer if isinstance(optimizer, str) else None  # kept as logged below
     named = {"optimizer": {"sgd": "sgd_momentum"}.get(optimizer, optimizer)}
     for name, suffix in (
         ("base_learning_rate", "base_learning_rate"),

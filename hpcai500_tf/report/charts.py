@@ -35,12 +35,20 @@ _GROUP_ID = re.compile(r'<g id="[^"]*"')  # figure_1, axes_1, ...: repeated in e
 
 
 def _styled(draw):
-    """Run a chart function under the report's matplotlib settings, leaving the caller's."""
+    """Run a chart function under the report's matplotlib settings, leaving the caller's. A
+    chart whose values matplotlib cannot place (a record's numbers near float's limits, which
+    its checks allow) is a note in its place: a page never fails for one of its charts."""
 
     @functools.wraps(draw)
     def styled(*args, **kwargs):
         with matplotlib.rc_context(STYLE):
-            return draw(*args, **kwargs)
+            try:
+                return draw(*args, **kwargs)
+            except (ValueError, OverflowError) as error:
+                return (
+                    '<p class="missing">chart not drawn: its values are beyond what a chart '
+                    f"can place ({html.escape(str(error))})</p>"
+                )
 
     return styled
 

@@ -13,6 +13,7 @@ Scores are recomputed from the record (`scoring`), never read from it.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
 
@@ -278,7 +279,7 @@ def _epoch_throughput(epochs: list[dict]) -> list[tuple[float, float]]:
     for epoch in epochs:
         examples = epoch["examples"] - examples_before
         seconds = epoch.get("seconds") or epoch["elapsed_s"] - elapsed_before
-        if examples > 0 and seconds > 0:
+        if examples > 0 and seconds > 0 and math.isfinite(examples / seconds):
             points.append((epoch["elapsed_s"], examples / seconds))
         examples_before, elapsed_before = epoch["examples"], epoch["elapsed_s"]
     return points

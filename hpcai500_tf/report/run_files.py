@@ -169,8 +169,8 @@ def counter_watts(points: list[tuple[float, float]]) -> list[tuple[float, float]
     of each pair. Pairs where the counter fell (wrapped) or time stood still are left out."""
     watts = []
     for (t0, e0), (t1, e1) in zip(points, points[1:], strict=False):
-        if t1 > t0 and e1 >= e0:
-            watts.append(((t0 + t1) / 2, (e1 - e0) / (t1 - t0)))
+        if t1 > t0 and e1 >= e0 and math.isfinite(rate := (e1 - e0) / (t1 - t0)):
+            watts.append(((t0 + t1) / 2, rate))
     return watts
 
 

@@ -17,6 +17,7 @@ a different optimisation problem per size, so their times to quality are not com
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ def point(path: str, record: dict) -> Point:
     throughput = training_throughput(record)
     if throughput is None:
         raise UserError(f"{path}: the run trained no full epoch: no throughput to scale")
+    if not 0 < throughput < math.inf:
+        raise UserError(f"{path}: its timeline gives a throughput of {throughput}: none to scale")
     quality = record["quality"]
     return Point(
         paths=[path],

@@ -372,7 +372,9 @@ def _label(record: dict) -> str:
     framework = record["layers"]["L5"]
     identity = mlperf_result(record)
     if identity is not None:  # as MLPerf's tables name it
-        return f"{identity.get('submitter')} {hardware.get('system_name') or identity['system']}"
+        return (
+            f"{identity.get('submitter')} {hardware.get('system_name') or identity.get('system')}"
+        )
     system = hardware.get("summary") or hardware.get("cpu_model") or "unknown system"
     stack = " ".join(
         str(framework[k]) for k in ("framework", "framework_version") if framework.get(k)
@@ -479,15 +481,20 @@ def rank(
     groups: dict[str, Submission] = {}
     refused = []
     files: dict[str, str] = {}  # each MLPerf result file and the first record of it
+    seen: dict[str, str] = {}  # each record's content and the first path given for it
     for path, record in records:
         mlperf = mlperf_result(record) is not None
         counted = not mlperf or converged(record)  # an MLPerf run that did not is kept apart
         reasons = refusal(record, benchmark, level, convention, result_needed=counted)
-        if mlperf and result_file(record) in files:
+        content = json.dumps(record, sort_keys=True)
+        if content in seen:  # one run given twice (or a copy) is not two runs of a submission
+            reasons = [f"the same record as {seen[content]}: a submission counts a run once"]
+        elif mlperf and result_file(record) in files:
             first = files[result_file(record)]
             reasons = [f"the same MLPerf result file as {first}: a submission counts it once"]
         elif mlperf:
             files[result_file(record)] = path
+        seen.setdefault(content, path)
         if not reasons and counted:
             try:
                 run_score = score(record, benchmark, cap, convention)

@@ -29,7 +29,7 @@ from hpcai500_tf.files import open_regular_file
 from hpcai500_tf.layers import LAYER_IDS
 from hpcai500_tf.run import ensemble
 from hpcai500_tf.run.directory import MLPERF_LOG, RECORD_FILE
-from hpcai500_tf.validation import compile_shape, invalid
+from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
 
 KIND = "hpcai500-throughput"
 SCHEMA_VERSION = 1
@@ -67,7 +67,7 @@ _SCHEMA: dict[str, Any] = {
     "rule": {"name": "str", "version": "str", "window": "str", "counted": "str", "pruning": "str"},
     "members": [_MEMBER],
     "window": {"start": "num?", "stop": "num?"},
-    "energy": "dict",
+    "energy": record_io.ENERGY_SHAPE,
     "warnings": ["str"],
     "source": {"tool": "str", "tool_version": "str"},
 }
@@ -100,6 +100,7 @@ def validate(data: Any, path: Path | str) -> dict:
     start, stop = data["window"]["start"], data["window"]["stop"]
     if start is not None and stop is not None and not stop > start:
         raise invalid(path, "window.stop", "after window.start", stop)
+    record_io.check_energy(data["energy"], path)
     return data
 
 
@@ -137,14 +138,29 @@ def mlperf_times(log: Path) -> tuple[float | None, float | None, str | None]:
             continue
         try:
             entry = json.loads(line.removeprefix(":::MLLOG "))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut by a kill: the rest of the log is still read
-        if entry.get("key") == "run_start" and start is None:
+        if not _timed_event(entry):
+            continue  # not a line this project's logger writes: left out, as a cut one is
+        if entry["key"] == "run_start" and start is None:
             start = entry["time_ms"] / 1000
-        elif entry.get("key") == "run_stop":
+        elif entry["key"] == "run_stop":
             stop = entry["time_ms"] / 1000
             status = (entry.get("metadata") or {}).get("status")
+            status = status if isinstance(status, str) else None
     return start, stop, status
+
+
+def _timed_event(entry) -> bool:
+    """An MLPerf log entry with a string key, a time in milliseconds a float holds (0 to
+    1e16, past the year 300,000) and metadata an object where it has any."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("key"), str)
+        and is_finite_number(entry.get("time_ms"))
+        and 0 <= entry["time_ms"] < 1e16
+        and isinstance(entry.get("metadata") or {}, dict)
+    )
 
 
 def member_window(members: list[dict]) -> tuple[float | None, float | None]:
