@@ -13,12 +13,7 @@ from hpcai500_tf.report import charts
 from hpcai500_tf.run import throughput
 
 from .conftest import EXAMPLE
-
-NOT_MEASURED = {
-    "measured": False, "reason": "no power source", "joules": None, "interval_s": None,
-    "scope": None, "average_watts": None, "coverage": None, "sample_hz": None,
-    "parts_measured": [], "parts_not_measured": [], "quality_flags": [], "sources": [],
-}  # fmt: skip
+from .test_instances import NOT_MEASURED
 
 
 def _published() -> dict:

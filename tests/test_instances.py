@@ -385,6 +385,13 @@ def test_bad_input_every_instance_refuses_is_one_line_and_nothing_is_kept(tmp_pa
     assert not any((tmp_path / "runs").iterdir())  # no parent directory left behind
 
 
+NOT_MEASURED = {
+    "measured": False, "reason": "no power source", "joules": None, "interval_s": None,
+    "scope": None, "average_watts": None, "coverage": None, "sample_hz": None,
+    "parts_measured": [], "parts_not_measured": [], "quality_flags": [], "sources": [],
+}  # fmt: skip
+
+
 def _throughput_record(**changes) -> dict:
     member = {"index": 0, "seed": 10, "run_dir": "instance-0/run", "exit_code": 0,
               "ended": "exited 0", "hosts": ["here"]}  # fmt: skip
@@ -393,7 +400,7 @@ def _throughput_record(**changes) -> dict:
         "status": "completed", "benchmark": "image_classification", "preset": "tiny",
         "instances": 1, "workers_per_instance": 1, "placement": "local",
         "rule": dict(throughput.RULE), "members": [member],
-        "window": {"start": 1.0, "stop": 2.0}, "energy": {}, "warnings": [],
+        "window": {"start": 1.0, "stop": 2.0}, "energy": NOT_MEASURED, "warnings": [],
         "source": {"tool": "hpcai500-tf", "tool_version": "0"},
     }  # fmt: skip
     for key, value in changes.items():
@@ -414,6 +421,7 @@ def _throughput_record(**changes) -> dict:
         ({"member_run_dir": "../elsewhere"}, "a path inside the record's directory"),
         ({"window": {"start": 2.0, "stop": 1.0}}, "'window.stop' must be after window.start"),
         ({"schema_version": 7}, "schema_version 7 is not supported"),
+        ({"energy": {}}, "missing key 'energy.measured'"),
     ],
 )
 def test_a_throughput_record_that_does_not_hold_is_refused_in_one_line(changes, words, tmp_path):

@@ -203,10 +203,12 @@ def test_a_node_waits_for_a_lost_instance_only_so_long(tmp_path, monkeypatch):
 CHILD = """\
 import signal, sys, time
 def stop(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a stopping run: later ones ignored
+    for each in (signal.SIGTERM, signal.SIGUSR1):  # as a stopping run: later ones ignored
+        signal.signal(each, signal.SIG_IGN)
     print("child stopped by", signum, flush=True)
-    sys.exit(143)
+    sys.exit(128 + signum)
 signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGUSR1, stop)
 print("child ready", flush=True)
 time.sleep(60)
 """
@@ -220,25 +222,30 @@ sys.exit(code)
 """
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["TERM", "USR1"])
 @pytest.mark.parametrize("whole_step", [True, False], ids=["every-process", "the-task-alone"])
-def test_a_stop_to_the_task_reaches_its_instance_and_the_task_returns(whole_step):
-    """scancel signals every process of the step (the task and its child); a signal to the
-        task alone is passed on. Either way the child stops once and the task lives to return,
-    a stop after its child ended held until it exits."""
+def test_a_stop_to_the_task_reaches_its_instance_and_the_task_returns(whole_step, signum):
+    """scancel signals every process of the step (the task and its child), and so does srun
+    with the time limit's SIGUSR1; a signal to the task alone is passed on. Either way the
+    child stops once and the task lives to return, a stop after its child ended held until
+    it exits."""
     task = subprocess.Popen(
         [sys.executable, "-c", TASK, CHILD], env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0,
     )  # fmt: skip
     assert task.stdout.readline().strip() == "child ready"
     if whole_step:
-        os.killpg(task.pid, signal.SIGTERM)
+        os.killpg(task.pid, signum)
     else:
-        task.send_signal(signal.SIGTERM)
+        task.send_signal(signum)
     began = time.monotonic()
     output, _ = task.communicate(timeout=30)
     assert time.monotonic() - began < 10
-    assert task.returncode == 143, output
-    assert output.splitlines() == ["child stopped by 15", f"task 143 {int(signal.SIGTERM)}"]
+    assert task.returncode == 128 + signum, output
+    assert output.splitlines() == [
+        f"child stopped by {int(signum)}",
+        f"task {128 + signum} {int(signum)}",
+    ]
 
 
 # ----------------------------------------------------------------------------- an ensemble

@@ -587,3 +587,19 @@ def test_a_slurm_task_given_gpus_that_tensorflow_cannot_see_is_refused_in_one_li
     monkeypatch.setattr(slurm, "port_free", lambda port: True)
     with pytest.raises(UserError, match=r"^Slurm gave this task 4 GPU\(s\), but TensorFlow sees"):
         strategies.make_strategy("multi_worker")
+
+
+def test_a_task_given_two_mig_instances_is_refused(monkeypatch):
+    """CUDA shows a process one MIG instance however many CUDA_VISIBLE_DEVICES names: a
+    strategy told two would wait for a replica with no device."""
+    import types
+
+    from hpcai500_tf.engine import strategy as strategies
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-aaaa,MIG-bbbb")
+    resolver = types.SimpleNamespace(hpcai500_gpus=2)
+    with pytest.raises(UserError) as refused:
+        strategies.check_gpus_seen(resolver, "Slurm", ["GPU:0"])
+    assert str(refused.value).startswith("Slurm gave this task 2 GPUs, but TensorFlow sees 1")
+    assert "CUDA shows a process one MIG instance" in str(refused.value)
+    strategies.check_gpus_seen(resolver, "Slurm", ["GPU:0", "GPU:1"])  # whole GPUs: fine

@@ -262,6 +262,30 @@ def test_feeder_reports_a_dead_data_process():
         feeder.close()
 
 
+def test_the_data_process_outlives_a_stop_signal():
+    """Slurm signals every process of a step (scancel, the time limit's SIGUSR1 through
+    srun): the data process must go on serving while the runner agrees on the stop and
+    checkpoints, or the run fails where it should stop."""
+    import os
+    import signal
+
+    from hpcai500_tf import config
+
+    setup = config.prepare("image_classification", "tiny", [])
+    feeder = Feeder("image_classification", setup.config, None, 8, deterministic=True)
+    try:
+        batches = feeder.batches(True, 1)
+        next(batches)
+        for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP):
+            os.kill(feeder._process.pid, signum)
+        feeder._process.join(1)
+        assert feeder._process.is_alive()
+        assert next(batches)[2] == 8
+    finally:
+        feeder.close()
+    assert not feeder._process.is_alive()
+
+
 # ------------------------------------------------------------------------ which torch
 
 

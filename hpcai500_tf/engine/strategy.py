@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from hpcai500_tf.cluster import workers as cluster_workers
-from hpcai500_tf.cluster.devices import WORKER_GPUS, worker_gpu_positions
+from hpcai500_tf.cluster.devices import WORKER_GPUS, cuda_visible_entries, worker_gpu_positions
 from hpcai500_tf.config import CommunicationConfig
 from hpcai500_tf.engine import cluster
 from hpcai500_tf.errors import UserError
@@ -78,14 +78,27 @@ def make_strategy(
 
 
 def check_gpus_seen(resolver, found: str, gpus: list) -> None:
-    """Refuse, in one line, a task whose cluster counts GPUs for it (Slurm's grant) where
-    TensorFlow sees none: its strategy would wait at the first step for GPU replicas that
-    never come (a CPU-only TensorFlow, such as tensorflow-cpu, in a GPU job)."""
+    """Refuse, in one line, a task whose cluster counts more GPUs for it (Slurm's grant) than
+    TensorFlow sees: its strategy would wait at the first step for GPU replicas that never
+    come. None seen: a CPU-only TensorFlow, such as tensorflow-cpu, in a GPU job; fewer: MIG
+    instances, of which CUDA shows a process only the first however many are visible."""
     # As the resolver counted them (never `num_accelerators()`: TF_CONFIG's resolver starts
     # TensorFlow's runtime to answer it, before the strategy can configure its collectives)
     counted = getattr(resolver, "hpcai500_gpus", 0)
-    if not counted or gpus:
+    if len(gpus) >= counted:
         return
+    if gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        raise UserError(
+            f"{found} gave this task {counted} GPUs, but TensorFlow sees {len(gpus)}"
+            + (
+                f" (CUDA_VISIBLE_DEVICES={visible!r}: CUDA shows a process one MIG instance, "
+                "however many are visible); give each task one MIG instance "
+                "(--gpus-per-task=1) or whole GPUs"
+                if any(entry.startswith("MIG-") for entry in cuda_visible_entries(visible))
+                else "; check CUDA_VISIBLE_DEVICES and the driver"
+            )
+        )
     why = (
         "this TensorFlow is built without CUDA (e.g. tensorflow-cpu)"
         if not tf.test.is_built_with_cuda()

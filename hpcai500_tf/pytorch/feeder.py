@@ -206,7 +206,12 @@ class Feeder:
 
 def _serve(pipe, benchmark, config, data_dir, batch, deterministic, shard=(1, 0)) -> None:
     """The child: build the workload, then answer the runner's requests in order."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    # Stops are the runner's to handle: Ctrl-C reaches the process group, and Slurm signals
+    # every process of a step (scancel's SIGTERM, the time limit's SIGUSR1 through srun),
+    # while the runner still needs batches to agree on the stop. It ends this process by
+    # "quit", else SIGKILL, and this loop ends when the runner's end of the pipe closes.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     started = _start(pipe, benchmark, config, data_dir, shard)
     if started is None:
         return

@@ -37,11 +37,10 @@ from hpcai500_tf.cluster import instances as plans
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
 from hpcai500_tf.run import ensemble, slurm_task, throughput, window_energy
+from hpcai500_tf.run.stop import FORWARDED
 
 STOP_GRACE_S = 60.0  # for the instances to write their stopped records after a signal
 KILL_WAIT_S = 10.0
-FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
-             signal.SIGHUP: signal.SIGTERM}  # fmt: skip
 MEMBER_NOTE = "instance-{index}.member.json"  # under srun: how one instance ended
 ERROR_PREFIX = "hpcai500-tf: error: "
 

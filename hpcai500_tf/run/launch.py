@@ -41,14 +41,12 @@ from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_for_append
 from hpcai500_tf.run import directory as run_directory
 from hpcai500_tf.run.directory import INHERITED_LOCK, RunDirectory
+from hpcai500_tf.run.stop import FORWARDED
 from hpcai500_tf.run.trainer import refuse_unshardable_config
 
 TERM_GRACE_S = 5.0
 DEFAULT_FAILURE_GRACE_S = 30.0
 STOP_GRACE_S = 30.0  # for the workers to write the stopped record after a forwarded signal
-# The signals the launcher passes on, as what each worker gets.
-FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
-             signal.SIGHUP: signal.SIGTERM, signal.SIGUSR1: signal.SIGUSR1}  # fmt: skip
 # The exit status of a worker a stop signal sent to it alone ended (run/stop.py): every other
 # worker stops after the same step, the chief writing the stopped record.
 STOPPED_BY_A_SIGNAL = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)

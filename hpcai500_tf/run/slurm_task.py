@@ -4,7 +4,8 @@ scancel (or srun's own stop) sends SIGTERM to every process of the step: the tas
 child writes its stopped record, and this process, instead of dying with the default
 handler, passes the signal on (a second SIGTERM is ignored by a run already stopping), waits
 for the child to end, and returns, so that the task still leaves its member note and the
-last chief the throughput record. SIGINT is passed on as it is, SIGHUP as SIGTERM. A child
+last chief the throughput record. SIGINT and SIGUSR1 (Slurm's warning before a time limit)
+are passed on as they are, SIGHUP as SIGTERM (`stop.FORWARDED`). A child
 that has not ended `STOP_GRACE_S` after the signal is killed (Slurm's KillWait, 30 s by
 default, kills both sooner where it is shorter). The stop signals stay blocked once the
 child has ended: a stop that comes as the task writes its member note (milliseconds before it
@@ -17,9 +18,9 @@ import signal
 import subprocess
 import time
 
+from hpcai500_tf.run.stop import FORWARDED
+
 STOP_GRACE_S = 60.0
-FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
-             signal.SIGHUP: signal.SIGTERM}  # fmt: skip
 
 
 class _Forward:

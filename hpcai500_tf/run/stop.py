@@ -38,6 +38,11 @@ WHY = {
     signal.SIGTERM: "stopped by SIGTERM (scancel, a time limit or preemption)",
 }
 
+# What a process that starts runs (--workers, --instances, an srun task's instance) passes on
+# to them, as what each gets: every stop signal, and a closed terminal's SIGHUP as SIGTERM.
+FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
+             signal.SIGHUP: signal.SIGTERM, signal.SIGUSR1: signal.SIGUSR1}  # fmt: skip
+
 
 class AgreedStop(KeyboardInterrupt):
     """Every worker stops after the same step for `signum`, which `local` says whether this
