@@ -836,7 +836,27 @@ def test_a_gathered_run_counts_the_meter_logs_nodes_from_the_workers_hosts(monke
     for hosts, expected in ((["a", "a"], 1), (["a", "b"], 2)):
         vectors = [_worker(monkeypatch, host, rank, "0")[1] for rank, host in enumerate(hosts)]
         trainer = SimpleNamespace(gather_rows=lambda own, rows=vectors: rows)
-        one = SimpleNamespace(workers=2, trainer=trainer, warnings=[],
+        one = SimpleNamespace(workers=2, trainer=trainer, warnings=[], finished=False,
                               progress=progress.Progress("x", energy=[[]]))  # fmt: skip
         _, _, nodes = run_energy.gather_energy(one, lifecycle.Outcome())
         assert nodes == expected
+
+
+def test_a_rebuilt_multi_worker_record_gathers_no_energy_from_the_chiefs_saved_state():
+    """A finished run's record rebuilt on resume: every worker restored the chief's state, so
+    a gather would count the chief's CPU readings again as each other node's."""
+    from types import SimpleNamespace
+
+    from hpcai500_tf.run import energy as run_energy
+    from hpcai500_tf.run import lifecycle, progress
+
+    def no_collective(row):
+        raise AssertionError("no collective over restored readings")
+
+    one = SimpleNamespace(workers=2, finished=True, warnings=[],
+                          trainer=SimpleNamespace(gather_rows=no_collective),
+                          progress=progress.Progress("x", energy=[[]]))  # fmt: skip
+    others, notes, nodes = run_energy.gather_energy(one, lifecycle.Outcome(status="completed"))
+    assert (others, nodes) == ([], None)
+    assert notes == ["worker 1: energy not gathered (the record was rebuilt from the saved "
+                     "state, which holds worker 0's readings)"]  # fmt: skip

@@ -391,6 +391,7 @@ def test_the_demo_names_the_side_that_failed(tmp_path, tensorflow_side, pytorch_
         (["optimizer.momentum_form=keras"], "TF1's momentum form only"),
         (["model.stride_padding=same"], "pads strided convolutions symmetrically only"),
         (["optimizer.loss_scaling=fixed", "training.precision=fp16"], "dynamically only"),
+        (["training.xla=true"], "does not compile with XLA"),
     ],
 )
 def test_forms_the_runner_does_not_train_are_refused_in_one_line(settings, named):
@@ -497,3 +498,14 @@ def test_a_nan_loss_is_a_diverged_run_on_both_frameworks(torch_installed, tmp_pa
     rec = record.load(path)
     assert rec["status"] == "diverged"
     assert rec["warnings"][0].startswith("loss became nan in epoch 1, step "), rec["warnings"]
+
+
+def test_float16_loss_scaling_starts_where_the_tensorflow_side_does():
+    """L8's initial_loss_scale is one value for both frameworks (it was 2**16 on PyTorch,
+    GradScaler's default, against Keras's 2**15)."""
+    import keras
+
+    from hpcai500_tf.pytorch import train as torch_train
+
+    keras_start = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()).initial_scale
+    assert torch_train.INITIAL_LOSS_SCALE == keras_start == 2.0**15

@@ -581,13 +581,15 @@ def test_one_task_exiting_2_ends_the_whole_job_at_once(real_slurm, tmp_path):
 
 
 @pytest.mark.slow
-def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_path):
+@pytest.mark.parametrize("framework", ["tensorflow", "pytorch"])
+def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_path, framework):
     """The shipped sbatch with a real `hpcai500-tf train` (the tiny preset, 200 epochs: the
     wrapper on PATH notes each task's pid and execs the CLI with these options in place of
     the sbatch's reference ones), one task per node, scancelled mid-epoch: seconds from
     scancel (SIGTERM to every task and the batch script, which passes it to srun) to the last
     task's exit, under KillWait (30 s here, Slurm's default), a `stopped` record, and every
-    task exits 143. About 40 s on 2 cores."""
+    task exits 143. PyTorch's too: Slurm signals its data process as well (proctrack), which
+    must outlive the stop. About 40 s on 2 cores each."""
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir()
     out.mkdir()
@@ -597,7 +599,7 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
         # task counting Slurm's GPUs is refused: TensorFlow sees none); the stop is the same
         "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
         f"exec {CLI} train image_classification --preset tiny --set training.epochs=200 "
-        f'--out "{out}/runs" --power-hz 0 --no-tensorboard\n'
+        f'--framework {framework} --out "{out}/runs" --power-hz 0 --no-tensorboard\n'
     )
     (bin_dir / "hpcai500-tf").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}

@@ -34,7 +34,7 @@ def _energy(workers: int, collective) -> dict:
     300 W and each other's at 200 W, gathered by `collective` (a row per worker)."""
     progress = Progress("x", segments=[{"start": 0.0, "stop": 10.0}])
     progress.energy = [[_board(0, 3000.0)]]
-    one = SimpleNamespace(workers=workers, progress=progress, warnings=[],
+    one = SimpleNamespace(workers=workers, progress=progress, warnings=[], finished=False,
                           trainer=SimpleNamespace(gather_rows=collective))  # fmt: skip
     others, notes, nodes = energy.gather_energy(one, lifecycle.Outcome(status="completed"))
     block, _ = energy.energy_result(progress, notes, 10.0, None, others, nodes)

@@ -214,3 +214,35 @@ def test_xla_compiles_each_replicas_gradients_but_not_the_update():
         assert not any(op.startswith(("Collective", "Nccl")) for op in call["ops"])
     assert "Conv2D" not in facts["outer_ops"]
     assert "CollectiveReduceV2" in facts["outer_ops"]  # the gradients' all-reduce, outside
+
+
+RESUMED_STREAM = (
+    TWO_CPUS
+    + """
+from hpcai500_tf import config
+from hpcai500_tf.engine.run import build_engine
+
+setup = config.prepare(
+    "image_classification", "tiny", ["training.strategy=mirrored", "training.deterministic=true"]
+)
+engine = build_engine(setup, None)
+
+
+def labels(step):
+    return [v.numpy().tolist() for v in engine.strategy.experimental_local_results(step[1])]
+
+
+whole = engine.train_batches()
+steps = [labels(next(whole)) for _ in range(4)]
+print(json.dumps({"steps": steps, "resumed": labels(next(engine.train_batches(0, 3)))}))
+"""
+)
+
+
+def test_a_resumed_stream_skips_every_replicas_batches_of_the_steps_done():
+    """Each of a worker's replicas takes one of its pipeline's batches a step: a resume after
+    3 steps starts where step 4 of the stream never stopped starts (it used to skip 3
+    batches, not 3 x 2, and trained steps 2 and 3's batches again)."""
+    facts = run_two_cpus(RESUMED_STREAM)
+    assert facts["steps"][0] != facts["steps"][1]  # the premise: steps differ
+    assert facts["resumed"] == facts["steps"][3]

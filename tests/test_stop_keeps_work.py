@@ -83,6 +83,7 @@ def _stopped_then_resumed(tmp_path, framework, at_step, signum=signal.SIGINT):
     setup = config.prepare("image_classification", "tiny", TINY)
     stopping = Stopping(build, at_step, signum)
     stopped, path = _run(setup, stopping, out_dir=tmp_path / "stopped")
+    stopped["state"] = run_state.read_state(path.parent)  # as the stop left it
     resuming = Stopping(build)
     resumed, _ = _run(setup, resuming, resume=str(path.parent))
     whole = Stopping(build)
@@ -113,6 +114,9 @@ def test_a_sigint_mid_epoch_checkpoints_there_and_resume_ends_as_an_uninterrupte
     assert len(resumed["timeline"]["segments"]) == 2
     epochs = resumed["timeline"]["epochs"]
     assert [e["examples"] for e in epochs] == [256, 512]
+    # Epoch 1's training seconds are both segments': the 3 steps before the stop as well.
+    before_stop = stopped["state"]["epoch_seconds_done"]
+    assert 0 < before_stop < epochs[0]["seconds"]
     assert epochs == [
         {**e, **{k: epochs[i][k] for k in ("elapsed_s", "seconds", "loss")}}
         for i, e in enumerate(plain["timeline"]["epochs"])
@@ -145,10 +149,22 @@ def test_the_stop_checkpoint_is_named_by_its_position_and_the_state_agrees(tmp_p
     state = json.loads((path.parent / "state.json").read_text())
     assert (state["epochs_done"], state["batches_done"]) == (1, 2)
     assert state["examples"] == (STEPS + 2) * 32
+    # the 2 steps' training seconds, for the resumed epoch's end (its throughput)
+    assert (
+        0
+        < state["epoch_seconds_done"]
+        < stopped["timeline"]["segments"][-1]["stop"]
+        - (stopped["timeline"]["segments"][0]["start"])
+    )
     assert state["checkpoint"].endswith("ckpt-1-b2")
     assert [p.name for p in (path.parent / "checkpoints").iterdir() if "index" in p.name] == [
         "ckpt-1-b2.index"
     ]
+    # Steps a mid-epoch resume would not train again cannot be profiled in it.
+    with pytest.raises(UserError, match=rf"outside the steps this run trains \({STEPS + 3}-"):
+        _run(
+            setup, run.build_trainer, resume=str(path.parent), profile_steps=(STEPS + 1, STEPS + 2)
+        )
     # A state moved to another position than its checkpoint's is refused, in one line.
     state["batches_done"] = 3
     (path.parent / "state.json").write_text(json.dumps(state))

@@ -210,15 +210,18 @@ class Engine:
                 options.deterministic = True  # an ensemble member's rows: evaluation order
             dataset = dataset.with_options(options)
             dataset = dataset.batch(batch, drop_remainder=training)
-            if skip:  # a resumed epoch's batches trained before the stop
-                dataset = dataset.skip(skip)
+            if skip:  # a resumed epoch's steps trained before the stop: each of this
+                # pipeline's replicas took one of its batches per step
+                dataset = dataset.skip(
+                    skip * (context.num_replicas_in_sync // context.num_input_pipelines)
+                )
             return dataset.prefetch(tf.data.AUTOTUNE)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def train_batches(self, seed_offset: int = 0, skip: int = 0):
-        """The training stream seeded `training.seed + seed_offset`, its first `skip` batches
-        dropped."""
+        """The training stream seeded `training.seed + seed_offset`, the batches of its first
+        `skip` steps dropped."""
         return iter(self._dataset(True, self.training.seed + seed_offset, skip))
 
     def check_data(self, view=None) -> list[str]:

@@ -67,6 +67,11 @@ from hpcai500_tf.run.trainer import (
     refuse_unshardable_evaluation,
 )
 
+# Where float16 losses are scaled dynamically: the TensorFlow side's start (Keras's
+# LossScaleOptimizer), so that L8's initial_loss_scale is one value for both frameworks
+# (GradScaler's own default is 2**16; both double after 2000 finite steps, halve on overflow).
+INITIAL_LOSS_SCALE = 2.0**15
+
 
 def loss_function(torch, objective: str, label_smoothing: float):
     """The workload's training loss (its `objective`) as a torch loss of (logits, labels)."""
@@ -85,8 +90,13 @@ def correct_count(quality_metric: str):
 
 def refuse_other_forms(setup, on_cuda: bool) -> None:
     """One line for a form this runner does not train (see the module's docstring): Keras's
-    momentum, Keras's "same" padding of strided convolutions, a fixed float16 loss scale."""
+    momentum, Keras's "same" padding of strided convolutions, a fixed float16 loss scale,
+    XLA (which L7 would otherwise record as on)."""
     o = setup.optimizer
+    if setup.training.xla:
+        raise UserError(
+            "the PyTorch runner does not compile with XLA (training.xla = false, not true)"
+        )
     padding = setup.config["model"].get("stride_padding", "same")  # older configs: "same"
     if o.momentum_form != "tf1":
         raise UserError(
@@ -257,10 +267,10 @@ class TorchTrainer(Trainer):
         self.precision = precision_policy_on(t.precision, self.device.type == "cuda")
         self.scaler = torch.amp.GradScaler(
             "cuda",
-            init_scale=2.0**16,
+            init_scale=INITIAL_LOSS_SCALE,
             enabled=self.precision == "mixed_float16" and self.device.type == "cuda",
         )
-        self.initial_loss_scale = 2.0**16 if self.scaler.is_enabled() else None
+        self.initial_loss_scale = INITIAL_LOSS_SCALE if self.scaler.is_enabled() else None
         self.step = 0
         self._predictions = None  # an ensemble member's last evaluation's (`evaluate`)
         if self.mixed:

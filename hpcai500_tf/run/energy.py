@@ -75,6 +75,9 @@ def gather_energy(one, outcome) -> tuple[list[dict], list[str], int | None]:
         else:
             why = "the run failed: a peer may never join a collective"
         return [], [power.not_gathered(one.workers, "energy", why)], None
+    if one.finished:  # every worker restored the chief's state: its readings, not theirs
+        why = "the record was rebuilt from the saved state, which holds worker 0's readings"
+        return [], [power.not_gathered(one.workers, "energy", why)], None
     own = one.progress.energy[-1] if one.progress.energy else []
     try:
         rows = one.trainer.gather_rows(power.worker_vector(own))

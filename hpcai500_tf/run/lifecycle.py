@@ -207,7 +207,8 @@ def _hold(run_dir: RunDirectory) -> Iterator[str | None]:
 
 def _check_profile_steps(one: Run, first: int, last: int) -> None:
     steps = one.trainer.steps_per_epoch
-    done, total = one.progress.epochs_done * steps, one.setup.training.epochs * steps
+    done = one.progress.epochs_done * steps + one.progress.batches_done  # a mid-epoch resume's
+    total = one.setup.training.epochs * steps
     if not done < first <= last <= total:
         raise UserError(
             f"--profile-steps {first}-{last}: outside the steps this run trains "
@@ -344,7 +345,7 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
     first_step = epoch * steps  # global steps before this epoch's
     value = math.nan
     for step in range(start, steps):
-        vote = _stop_if_agreed(one, step, start)
+        vote = _stop_if_agreed(one, step, start, epoch_start)
         if step == 0:  # after the stop check: a stop before this epoch's first step keeps it out
             mllog.start("epoch_start", metadata={"epoch_num": epoch + 1})
             mllog.start("block_start", metadata={"first_epoch_num": epoch + 1, "epoch_count": 1})
@@ -361,10 +362,10 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
             if observers:
                 rate = (step + 1 - start) * batch / (time.time() - epoch_start)
                 observers.on_step(step + 1, value, trainer.learning_rate(), rate)
-    seconds = time.time() - epoch_start
     progress = one.progress
+    seconds = time.time() - epoch_start + progress.epoch_seconds_done  # with a stop's before
     progress.examples += (steps - start) * batch
-    progress.epochs_done, progress.batches_done = epoch + 1, 0
+    progress.epochs_done, progress.batches_done, progress.epoch_seconds_done = epoch + 1, 0, 0.0
     progress.epochs.append(
         {
             "epoch": epoch + 1,
@@ -380,11 +381,12 @@ def train_epoch(one: Run, epoch: int, batches: Iterator, segment_start: float) -
         observers.on_epoch_end(epoch + 1, value, steps * batch / seconds)
 
 
-def _stop_if_agreed(one: Run, step: int, start: int) -> int | None:
-    """Before step `step` of the epoch (this segment began it at `start`): raise
-    `stop.AgreedStop` where the workers agree that a stop signal came (one worker: where it
-    came), with the progress at this step boundary; else the vote the step is to carry
-    (several workers: this worker's signal or 0; one worker: None)."""
+def _stop_if_agreed(one: Run, step: int, start: int, epoch_start: float) -> int | None:
+    """Before step `step` of the epoch (this segment began it at `start`, at `epoch_start`):
+    raise `stop.AgreedStop` where the workers agree that a stop signal came (one worker: where
+    it came), with the progress at this step boundary, the epoch's training seconds so far
+    kept for its resumed end; else the vote the step is to carry (several workers: this
+    worker's signal or 0; one worker: None)."""
     request = one.stop_request
     local = request.signum if request else 0
     agreed = local if one.workers == 1 else one.trainer.agreed_stop()
@@ -393,6 +395,8 @@ def _stop_if_agreed(one: Run, step: int, start: int) -> int | None:
     progress = one.progress
     progress.examples += (step - start) * one.trainer.global_batch
     progress.batches_done = step
+    if step > start:  # this segment trained some of the epoch
+        progress.epoch_seconds_done += time.time() - epoch_start
     raise stop.AgreedStop(agreed, local=local == agreed)
 
 

@@ -29,6 +29,7 @@ class Progress:
     energy: list[list[dict]] = field(default_factory=list)  # per closed segment, per source
     checkpoints: list[dict] = field(default_factory=list)  # epoch, elapsed_s, write_s of each
     batches_done: int = 0  # batches done in epoch epochs_done + 1 (a stop mid-epoch)
+    epoch_seconds_done: float = 0.0  # the training seconds those batches took
 
     def elapsed(self, now: float | None = None, open_segment: float | None = None) -> float:
         closed = sum(s["stop"] - s["start"] for s in self.segments)

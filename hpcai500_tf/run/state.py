@@ -76,6 +76,7 @@ _SHAPE = {
     "energy": [["dict"]],  # per segment, per source: checked where the record is built
     "checkpoints": [_CHECKPOINT],
     "batches_done": "int",
+    "epoch_seconds_done": "num",
     "checkpoint": "str",
     "framework": "str",
 }
@@ -127,6 +128,7 @@ def read_state(run_dir: Path) -> dict:
         state.setdefault("checkpoints", [])  # a state written before the list was kept
         state.setdefault("framework", backends.DEFAULT)  # written before PyTorch runs resumed
         state.setdefault("batches_done", 0)  # written before a stop checkpointed mid-epoch
+        state.setdefault("epoch_seconds_done", 0.0)  # before their seconds were kept
     try:
         _CHECK_STATE(state, "", path)
         _check_counts(state, path)
@@ -161,6 +163,8 @@ def _check_counts(state: dict, path: Path) -> None:
     batches = state["batches_done"]
     if batches < 0:
         raise invalid(path, "batches_done", ">= 0", batches)
+    if state["epoch_seconds_done"] < 0:
+        raise invalid(path, "epoch_seconds_done", ">= 0", state["epoch_seconds_done"])
     if (state["examples"] != last_examples) if not batches else state["examples"] <= last_examples:
         words = "" if not batches else "more than "
         raise invalid(
