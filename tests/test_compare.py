@@ -40,6 +40,22 @@ def test_one_differing_layer_is_a_valid_comparison(published_record):
     assert metrics["Valid FLOPS"].ratio == pytest.approx(2.0)
 
 
+def test_the_power_compared_is_the_power_a_score_divides_by(published_record):
+    """Worker 0's watts of a run whose other workers' energy was not gathered are no
+    machine's power: shown as none, as its Valid FLOPS per watt is."""
+    measured = {"measured": True, "reason": None, "joules": 39600.0, "interval_s": 132.0,
+                "scope": "node (meter log)", "average_watts": 300.0, "coverage": 1.0,
+                "sample_hz": 1.0, "parts_measured": ["node"], "parts_not_measured": [],
+                "quality_flags": [], "sources": []}  # fmt: skip
+    whole, partial = copy.deepcopy(published_record), copy.deepcopy(published_record)
+    whole["energy"] = {**measured, "average_watts": 2400.0, "joules": 316800.0}
+    partial["energy"] = {**measured, "parts_not_measured": [
+        "workers 1-7: energy not gathered (the run was stopped by SIGTERM)"]}  # fmt: skip
+    metrics = {m.name: m for m in compare.compare(partial, whole).metrics}
+    assert (metrics["Average power"].a, metrics["Average power"].b) == (None, 2400.0)
+    assert metrics["Average power"].ratio is None
+
+
 def test_several_differing_layers_are_named(published_record):
     other = copy.deepcopy(published_record)
     other["layers"]["L1"] = {**other["layers"]["L1"], "summary": "another machine"}

@@ -164,6 +164,23 @@ def test_weak_scaling_arithmetic_and_medians_of_repeats():
     assert last.speedup == pytest.approx(3.6) and last.efficiency == pytest.approx(0.9)
 
 
+def test_scaling_counts_replicas_not_workers():
+    """One process on 8 GPUs (MirroredStrategy) is 8 replicas: it was merged by median with a
+    1-GPU run as a repeat at one worker, and 2 workers of 4 GPUs each scaled as 2."""
+    one_gpu, eight_gpus, two_by_four = (
+        _weak("a", 1, 256, 350.0), _weak("b", 1, 256, 2500.0), _weak("c", 2, 256, 2520.0)
+    )  # fmt: skip
+    eight_gpus[1]["layers"]["L6"]["replicas"] = 8
+    two_by_four[1]["layers"]["L6"]["replicas"] = 8
+    one_gpu[1]["layers"]["L6"]["replicas"] = 1
+    (series,) = scaling.analyse([(str(p), r) for p, r in (one_gpu, eight_gpus, two_by_four)])
+    assert series.kind == "strong" and [row.point.replicas for row in series.rows] == [1, 8]
+    assert series.rows[0].point.throughput == 350.0  # not a median with the 8-GPU runs
+    last = series.rows[-1]
+    assert last.point.throughput == pytest.approx(2510.0) and len(last.point.paths) == 2
+    assert last.efficiency == pytest.approx(2510.0 / 350.0 / 8)
+
+
 # ------------------------------------------------------------------------ failure is bounded
 
 

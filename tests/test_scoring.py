@@ -109,6 +109,24 @@ def test_repeated_runs_form_one_submission_with_olympic_mean(published_record, i
     assert submission.flagged  # 100 s and 200 s in one submission is far above 5 %
 
 
+def test_every_mean_of_a_submission_is_over_the_same_runs(published_record, ic):
+    """The fastest and the slowest run dropped for the time, Valid FLOPS and quality alike:
+    the 100 s run below target was dropped from the Valid FLOPS mean but counted in the
+    quality's (0.7504, below every counted run's 0.763), and the two means kept other runs."""
+    levels, repeatability = _levels()
+    runs = [(100.0, 0.70), (110.0, 0.763), (120.0, 0.763), (130.0, 0.763), (140.0, 0.763)]
+    records = [
+        (f"run{i}", set_result(copy.deepcopy(published_record), seconds=t, quality=q))
+        for i, (t, q) in enumerate(runs)
+    ]
+    (submission,) = scoring.rank(records, ic, levels["free"], repeatability).submissions
+    assert submission.dropped == ["run0", "run4"]
+    assert submission.time_to_quality_s == pytest.approx(120.0)
+    assert submission.quality == pytest.approx(0.763)
+    kept = [score.valid_flops for score in submission.scores[1:4]]
+    assert submission.valid_flops == pytest.approx(sum(kept) / 3)
+
+
 def test_one_record_given_five_times_is_one_run(published_record, ic):
     """Five copies of one record were a five-run submission with no variation flagged."""
     levels, repeatability = _levels()
@@ -186,3 +204,28 @@ def test_rank_mixed_benchmarks_needs_a_choice(tmp_path, published_record, capsys
     out = json.loads(capsys.readouterr().out)
     (reason,) = out["refused"][0]["reasons"]
     assert reason == "benchmark 'extreme_weather', not 'image_classification'"
+
+
+@pytest.mark.parametrize(
+    ("workers", "visible", "l3_nodes", "count", "nodes"),
+    [
+        (1, 8, None, 8, 1),  # one process on the node's 8 GPUs
+        (2, 4, ["n1"], 8, 1),  # --workers 2: L1 holds worker 0's share of 4
+        (16, 1, None, 16, None),  # PyTorch, one task per GPU: its nodes not recorded
+        (2, 8, ["n1", "n2"], 16, 2),  # one task per node, 8 GPUs each
+    ],
+)
+def test_a_rankings_accelerator_count_is_every_workers_share(
+    published_record, workers, visible, l3_nodes, count, nodes
+):
+    """L1 is worker 0's: its share of the GPUs was shown as the system's whole count (a
+    per-worker number as a total), and nodes as 1 where L3 did not name them."""
+    rec = copy.deepcopy(published_record)
+    rec["layers"]["L1"] = {
+        "workers": workers,
+        "accelerators": [{"model": "H100", "visible": True}] * visible
+        + [{"model": "H100", "visible": False}] * (8 - visible),
+    }
+    rec["layers"]["L3"] = {"nodes": l3_nodes} if l3_nodes else {}
+    facts = scoring.system_facts(rec)
+    assert (facts["accelerator"], facts["accelerators"], facts["nodes"]) == ("H100", count, nodes)

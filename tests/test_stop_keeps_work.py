@@ -354,3 +354,26 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_the_same_step(tmp_path, 
     got, want = done["timeline"]["epochs"], uninterrupted["timeline"]["epochs"]
     assert [e["examples"] for e in got] == [e["examples"] for e in want]
     assert got[-1]["loss"] == pytest.approx(want[-1]["loss"], rel=1e-5)
+
+
+def test_the_timed_run_ends_at_the_last_evaluation_not_after_the_last_checkpoint(
+    tmp_path, monkeypatch
+):
+    """The last epoch's checkpoint is written after its evaluation, which time-to-quality
+    ends at: the run's segment (and the energy integrated over it) used to end after the
+    write, a second later here."""
+    from hpcai500_tf.engine import run
+
+    save_checkpoint = lifecycle.save_checkpoint
+
+    def slow(trainer, run_dir, progress):
+        save_checkpoint(trainer, run_dir, progress)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(lifecycle, "save_checkpoint", slow)
+    setup = config.prepare("image_classification", "tiny", TINY)
+    record, _ = _run(setup, run.build_trainer, out_dir=tmp_path)
+    timeline, quality = record["timeline"], record["quality"]
+    timed = timeline["run_stop"] - timeline["run_start"]
+    assert record["status"] == "completed"
+    assert quality["curve"][-1]["elapsed_s"] <= timed < quality["curve"][-1]["elapsed_s"] + 0.5

@@ -350,10 +350,11 @@ def power_table(measurements: list[dict], meter: dict | None) -> Table:
 def scaling_table(series: Series) -> Table:
     table = Table(title=escape(f"{series.kind.capitalize()} scaling: {series.label}"))
     for column in (
+        "Replicas",
         "Workers",
         "Runs",
         "Batch",
-        "Per worker",
+        "Per replica",
         "Examples/s",
         "Speedup",
         "Efficiency",
@@ -364,10 +365,11 @@ def scaling_table(series: Series) -> Table:
     for row in series.rows:
         p = row.point
         table.add_row(
+            str(p.replicas),
             str(p.workers),
             str(len(p.paths)),
             str(p.global_batch),
-            str(p.batch_per_worker),
+            str(p.batch_per_replica),
             f"{p.throughput:,.0f}",
             f"{row.speedup:.2f}x",
             f"{row.efficiency:.1%}",

@@ -5,8 +5,8 @@ system pages both read these rows, so that a system page's mean is the ranking's
 
 Every number is recomputed by `scoring` from the records; the means here are taken over the
 runs the ranking's rule keeps (MLPerf's: the fastest and the slowest time dropped, a run that
-did not converge being the slowest; the project's: the lowest and the highest Valid FLOPS
-dropped once a submission has levels.toml's olympic_min_runs runs).
+did not converge being the slowest; the project's: the fastest and the slowest dropped once a
+submission has levels.toml's olympic_min_runs runs), the same runs for every mean.
 """
 
 from __future__ import annotations
@@ -73,11 +73,6 @@ def benchmark(name: str) -> config.Benchmark:
     return config.load_benchmark(name)
 
 
-@functools.cache
-def repeatability() -> config.Repeatability:
-    return config.load_levels()[1]
-
-
 def source_of(record: dict) -> str:
     """Where a record comes from: an MLPerf round, the published 2020 table, or this project."""
     identity = scoring.mlperf_result(record)
@@ -102,16 +97,11 @@ def olympic_choices(submission: scoring.Submission) -> dict[str, str]:
     scores = dict(zip(submission.paths, submission.scores, strict=True))
     choices = {path: COUNTED for path in submission.paths}
     choices.update(dict.fromkeys(submission.not_converged, NOT_CONVERGED))
-    if submission.rule == "mlperf":
-        by_time = sorted(submission.paths, key=lambda path: scores[path].time_to_quality_s)
-        for path in submission.dropped:
-            if path in scores:
-                fastest = path == by_time[0]
-                choices[path] = "dropped: the fastest" if fastest else "dropped: the slowest"
-    elif len(submission.paths) >= repeatability().olympic_min_runs:
-        by_value = sorted(submission.paths, key=lambda path: scores[path].valid_flops)
-        choices[by_value[0]] = "dropped: the lowest Valid FLOPS"
-        choices[by_value[-1]] = "dropped: the highest Valid FLOPS"
+    by_time = sorted(submission.paths, key=lambda path: scores[path].time_to_quality_s)
+    for path in submission.dropped:  # both rules drop by time-to-quality
+        if path in scores:
+            fastest = path == by_time[0]
+            choices[path] = "dropped: the fastest" if fastest else "dropped: the slowest"
     return choices
 
 

@@ -110,8 +110,9 @@ def _mean_section(row: Entry, page_of: dict[str, str]) -> str:
         "MLPerf's rule: the runs sorted by time, the fastest and the slowest dropped, a run that "
         "did not converge counting as the slowest (at most one may)"
         if mlperf
-        else "the project's rule (levels.toml): the lowest and the highest Valid FLOPS dropped "
-        "once there are enough runs; the time to quality is the same mean of the times"
+        else "the project's rule (levels.toml): the runs sorted by time, the fastest and the "
+        "slowest dropped once there are enough runs; the time to quality and the quality are "
+        "the means of the same runs"
     )
     worked = (
         f"<p>{escape(rule)}.</p><p>Valid FLOPS = ({terms}) / {len(counted)} = "

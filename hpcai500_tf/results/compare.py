@@ -130,7 +130,13 @@ def metrics(a: dict, b: dict, cap: bool = False) -> list[Metric]:
         ),
         Metric("FLOPS", "FLOPS", *from_score("flops")),
         Metric("Valid FLOPS", "FLOPS", *from_score("valid_flops")),
-        Metric("Average power", "W", a["energy"]["average_watts"], b["energy"]["average_watts"]),
+        # the power a score divides by: none where some workers' energy is missing
+        Metric(
+            "Average power",
+            "W",
+            scoring.scored_power(a["energy"])[0],
+            scoring.scored_power(b["energy"])[0],
+        ),
         Metric("Valid FLOPS per watt", "FLOPS/W", *from_score("valid_flops_per_watt")),
     ]
 

@@ -1,16 +1,19 @@
-"""Scaling of one benchmark over worker counts, from finished records.
+"""Scaling of one benchmark over replica counts, from finished records.
 
-Records are grouped by benchmark and preset. Within a group, runs that keep the global batch
-fixed form a strong-scaling series; runs that keep the batch per worker fixed form a
-weak-scaling series. Each series is measured against its run with the fewest workers (W0):
+The unit is the replica (L6 `replicas`: a GPU, or a CPU worker), not the worker: one process
+may drive 8 GPUs (MirroredStrategy, or one Slurm task per node), and 16 single-GPU workers are
+16 replicas. Records that do not say (an imported one) count their workers. Records are
+grouped by benchmark and preset. Within a group, runs that keep the global batch fixed form a
+strong-scaling series; runs that keep the batch per replica fixed form a weak-scaling series.
+Each series is measured against its run with the fewest replicas (R0):
 
-    speedup    = throughput(W) / throughput(W0)
-    efficiency = speedup / (W / W0)
+    speedup    = throughput(R) / throughput(R0)
+    efficiency = speedup / (R / R0)
 
 Runs are grouped only with runs of the same benchmark, preset, workload (L7) and problem (L9);
-repeated runs at one worker count are combined by their median. Throughput is training
+repeated runs at one replica count are combined by their median. Throughput is training
 examples per second of training (evaluation and checkpoints left out). For strong scaling the
-time-to-quality efficiency TTQ(W0) x W0 / (TTQ(W) x W) is given too (weak-scaling runs solve
+time-to-quality efficiency TTQ(R0) x R0 / (TTQ(R) x R) is given too (weak-scaling runs solve
 a different optimisation problem per size, so their times to quality are not compared).
 """
 
@@ -29,9 +32,10 @@ from hpcai500_tf.record import training_throughput
 @dataclass(frozen=True)
 class Point:
     paths: list[str]
+    replicas: int  # the unit of scaling
     workers: int
     global_batch: int
-    batch_per_worker: int
+    batch_per_replica: int
     throughput: float  # examples per second of timed run
     time_to_quality_s: float | None
     reached_target: bool
@@ -57,6 +61,8 @@ def point(path: str, record: dict) -> Point:
     workers, global_batch = l6.get("workers"), l6.get("global_batch")
     if not isinstance(workers, int) or not isinstance(global_batch, int) or workers < 1:
         raise UserError(f"{path}: the record gives no worker count and global batch (layers.L6)")
+    replicas = l6.get("replicas")
+    replicas = replicas if isinstance(replicas, int) and replicas >= 1 else workers
     throughput = training_throughput(record)
     if throughput is None:
         raise UserError(f"{path}: the run trained no full epoch: no throughput to scale")
@@ -65,26 +71,28 @@ def point(path: str, record: dict) -> Point:
     quality = record["quality"]
     return Point(
         paths=[path],
+        replicas=replicas,
         workers=workers,
         global_batch=global_batch,
-        batch_per_worker=global_batch // workers,
+        batch_per_replica=global_batch // replicas,
         throughput=throughput,
         time_to_quality_s=quality["time_to_quality_s"] if quality["reached_target"] else None,
         reached_target=quality["reached_target"],
     )
 
 
-def _median_per_worker_count(points: list[Point]) -> list[Point]:
+def _median_per_replica_count(points: list[Point]) -> list[Point]:
     combined = []
-    for workers in sorted({p.workers for p in points}):
-        runs = [p for p in points if p.workers == workers]
+    for replicas in sorted({p.replicas for p in points}):
+        runs = [p for p in points if p.replicas == replicas]
         reached = [p.time_to_quality_s for p in runs if p.time_to_quality_s is not None]
         combined.append(
             Point(
                 paths=[path for p in runs for path in p.paths],
-                workers=workers,
+                replicas=replicas,
+                workers=statistics.median_low(p.workers for p in runs),
                 global_batch=runs[0].global_batch,
-                batch_per_worker=runs[0].batch_per_worker,
+                batch_per_replica=runs[0].batch_per_replica,
                 throughput=statistics.median(p.throughput for p in runs),
                 time_to_quality_s=statistics.median(reached) if reached else None,
                 reached_target=bool(reached),
@@ -94,21 +102,21 @@ def _median_per_worker_count(points: list[Point]) -> list[Point]:
 
 
 def _series(kind: str, label: str, points: list[Point]) -> Series:
-    points = _median_per_worker_count(points)
+    points = _median_per_replica_count(points)
     base = points[0]
     rows = []
     for p in points:
         speedup = p.throughput / base.throughput
-        efficiency = speedup / (p.workers / base.workers)
+        efficiency = speedup / (p.replicas / base.replicas)
         ttq = None
         if kind == "strong" and p.time_to_quality_s and base.time_to_quality_s:
-            ttq = (base.time_to_quality_s * base.workers) / (p.time_to_quality_s * p.workers)
+            ttq = (base.time_to_quality_s * base.replicas) / (p.time_to_quality_s * p.replicas)
         rows.append(Row(p, speedup, efficiency, ttq))
     return Series(kind, label, rows)
 
 
 def analyse(records: list[tuple[str, dict]]) -> list[Series]:
-    """Strong- and weak-scaling series (each with at least two worker counts)."""
+    """Strong- and weak-scaling series (each with at least two replica counts)."""
     groups: dict[str, list[Point]] = {}
     for path, record in records:
         layers = record["layers"]
@@ -118,18 +126,18 @@ def analyse(records: list[tuple[str, dict]]) -> list[Series]:
     for key, points in groups.items():
         benchmark, preset, _, problem = json.loads(key)
         label = f"{benchmark} / {preset} ({problem.get('dataset')})"
-        for kind, field in (("strong", "global_batch"), ("weak", "batch_per_worker")):
+        for kind, field in (("strong", "global_batch"), ("weak", "batch_per_replica")):
             by_value: dict[int, list[Point]] = {}
             for p in points:
                 by_value.setdefault(getattr(p, field), []).append(p)
             for value, members in sorted(by_value.items()):
-                if len({p.workers for p in members}) >= 2:
-                    fixed = "global batch" if kind == "strong" else "batch per worker"
+                if len({p.replicas for p in members}) >= 2:
+                    fixed = "global batch" if kind == "strong" else "batch per replica"
                     series.append(_series(kind, f"{label}, {fixed} {value}", members))
     if not series:
         raise UserError(
             "no scaling series: give records of one benchmark and preset at two or more "
-            "worker counts with the same global batch (strong) or batch per worker (weak)"
+            "replica counts with the same global batch (strong) or batch per replica (weak)"
         )
     return series
 
@@ -149,7 +157,7 @@ def to_json(series: list[Series]) -> list[dict]:
 
 
 def chart(series: list[Series], out_dir: Path) -> list[Path]:
-    """Throughput and efficiency against workers (log2 x), ideal lines dashed: PNG and SVG."""
+    """Throughput and efficiency against replicas (log2 x), ideal lines dashed: PNG and SVG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,13 +165,13 @@ def chart(series: list[Series], out_dir: Path) -> list[Path]:
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     for s in series:
-        workers = [r.point.workers for r in s.rows]
-        line = left.plot(workers, [r.point.throughput for r in s.rows], "o-", label=s.label)[0]
+        replicas = [r.point.replicas for r in s.rows]
+        line = left.plot(replicas, [r.point.throughput for r in s.rows], "o-", label=s.label)[0]
         base = s.rows[0].point
-        ideal = [base.throughput * w / base.workers for w in workers]
-        left.plot(workers, ideal, "--", color=line.get_color(), alpha=0.5)
+        ideal = [base.throughput * r / base.replicas for r in replicas]
+        left.plot(replicas, ideal, "--", color=line.get_color(), alpha=0.5)
         right.plot(
-            workers,
+            replicas,
             [r.efficiency for r in s.rows],
             "o-",
             color=line.get_color(),
@@ -172,16 +180,16 @@ def chart(series: list[Series], out_dir: Path) -> list[Path]:
     left.set(
         xscale="log",
         yscale="log",
-        xlabel="workers",
+        xlabel="replicas",
         ylabel="examples/s",
         title="Throughput (dashed: ideal)",
     )
-    counts = sorted({r.point.workers for s in series for r in s.rows})
+    counts = sorted({r.point.replicas for s in series for r in s.rows})
     for axis in (left, right):
         axis.set_xscale("log", base=2)
         axis.set_xticks(counts, [str(c) for c in counts])
     right.axhline(1.0, color="grey", linestyle="--", alpha=0.5)
-    right.set(xlabel="workers", ylabel="efficiency", title="Scaling efficiency", ylim=(0, 1.2))
+    right.set(xlabel="replicas", ylabel="efficiency", title="Scaling efficiency", ylim=(0, 1.2))
     right.legend(fontsize=7, loc="lower left")
     figure.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -315,13 +315,6 @@ def _cv(values: list[float]) -> float | None:
     return statistics.stdev(values) / mean if mean else None
 
 
-def olympic(values: list[float], min_runs: int) -> list[float]:
-    """Drop the lowest and highest value when there are at least `min_runs` values."""
-    if len(values) >= min_runs:
-        return sorted(values)[1:-1]
-    return list(values)
-
-
 @dataclass
 class Submission:
     """The runs of one system, scored by the mean of its runs: records equal on all nine
@@ -389,11 +382,14 @@ def system_facts(record: dict) -> dict:
     accelerator, count = hardware.get("accelerator_model"), hardware.get("accelerator_count")
     nodes, devices = hardware.get("nodes"), hardware.get("accelerators")
     if accelerator is None and isinstance(devices, list):  # a run of this project's
+        # L1 is worker 0's: the GPUs it computed on, its share; every worker has an equal one
         used = [d for d in devices if isinstance(d, dict) and d.get("visible") is not False]
         accelerator = ", ".join(sorted({str(d.get("model")) for d in used})) or None
+        workers = _fact_count(hardware.get("workers")) or 1
         placed = record["layers"]["L3"].get("nodes")
-        nodes = len(placed) if isinstance(placed, list) and placed else 1
-        count = len(used) if nodes == 1 else None  # L1 is the chief's node
+        nodes = len(placed) if isinstance(placed, list) and placed else None
+        nodes = 1 if nodes is None and workers == 1 else nodes  # else not recorded (PyTorch)
+        count = len(used) * workers
     framework = " ".join(str(stack[k]) for k in ("framework", "framework_version") if stack.get(k))
     return {
         "accelerator": _fact_text(accelerator),
@@ -430,11 +426,15 @@ def _hpcai500_rule(submission: Submission, repeatability: Repeatability) -> str 
             f"runs of one submission: {missed} of {len(submission.paths)} missed the target; "
             f"at most {repeatability.max_runs_missing_target} may"
         )
-    valid = [s.valid_flops for s in submission.scores]
-    times = [s.time_to_quality_s for s in submission.scores]
-    submission.valid_flops = statistics.fmean(olympic(valid, repeatability.olympic_min_runs))
-    submission.time_to_quality_s = statistics.fmean(olympic(times, repeatability.olympic_min_runs))
-    submission.quality = statistics.fmean(s.quality for s in submission.scores)
+    # One set of runs for every mean: with enough runs, the fastest and slowest dropped
+    scores = submission.scores
+    kept = sorted(range(len(scores)), key=lambda i: scores[i].time_to_quality_s)
+    if len(kept) >= repeatability.olympic_min_runs:
+        kept = kept[1:-1]
+    submission.dropped = [path for i, path in enumerate(submission.paths) if i not in kept]
+    submission.valid_flops = statistics.fmean(scores[i].valid_flops for i in kept)
+    submission.time_to_quality_s = statistics.fmean(scores[i].time_to_quality_s for i in kept)
+    submission.quality = statistics.fmean(scores[i].quality for i in kept)
     if len(submission.paths) < repeatability.min_runs:
         submission.notes.append(
             f"{len(submission.paths)} run(s): fewer than the {repeatability.min_runs} a "

@@ -78,6 +78,7 @@ class Run:
     saved_position: tuple[int, int] | None = None  # (epochs, batches) it holds
     clock: Callable[[], float] = time.monotonic  # what checkpoint cadence is measured by
     stop_request: stop.StopRequest | None = None  # inside the epoch loop: its stop signals
+    timed_end: float | None = None  # the last epoch's evaluation done: the timed run's end
 
     @property
     def rank(self) -> int:
@@ -307,8 +308,9 @@ def train_epochs(one: Run, power=None) -> Progress:
                 if one.chief and one.run_dir and one.saved_position != _position(progress):
                     checkpoint(one, segment_start, power)
                 raise
-    finally:
-        progress.segments.append({"start": segment_start, "stop": time.time()})
+    finally:  # the segment, and the energy over it, end with the timed run: not after the
+        # last checkpoint's write, which TTQ does not count either
+        progress.segments.append({"start": segment_start, "stop": one.timed_end or time.time()})
         if one.trace:
             one.trace.stop()  # a run ended inside the traced steps
     return progress
@@ -325,6 +327,8 @@ def _train_to_the_budget(one: Run, batches, segment_start, last_checkpoint, powe
         train_epoch(one, epoch, batches, segment_start)
         if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
             evaluate(one, epoch, segment_start)
+        if epoch + 1 == t.epochs:
+            one.timed_end = time.time()
         if (
             one.chief
             and one.run_dir
