@@ -420,3 +420,24 @@ def test_a_single_gpu_node_times_xla_but_compares_no_processes(gpu_check):
     )
     assert defaults["node"]["status"] == "not run" and "node_one_process" in defaults["node"]["why"]
     assert defaults["status"] == "not run"
+
+
+@pytest.mark.parametrize(
+    ("given", "limit"),
+    [(["--deadline", "1200"], "1260"), (["--deadline=1200"], "1260"), ([], "660")],
+)
+def test_the_outer_limit_follows_the_deadline_in_either_form(tmp_path, given, limit):
+    """`--deadline=1200` left the outer limit at 660 s, which cut a 1200 s check; an
+    abbreviated `--dead 1200` is refused by the harness rather than read past."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "timeout").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/timeout"\n')
+    (fake / "timeout").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PYTHON": sys.executable}
+    result = subprocess.run(
+        ["bash", str(SHELL), *given], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "timeout").read_text().splitlines()[:3] == ["-k", "10", limit]
+    refused = _gpu_check(["--dead", "1200", "--out", str(tmp_path / "s.json")])
+    assert refused.returncode == 2 and "unrecognized arguments: --dead" in refused.stderr

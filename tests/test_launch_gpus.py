@@ -519,6 +519,15 @@ def test_sbatch_refuses_an_unknown_layout_in_one_line(tmp_path):
     ]
 
 
+def test_sbatch_refuses_a_max_segments_that_is_no_count_before_srun(tmp_path):
+    """It was read only after the segment had trained (an unbound-variable error then)."""
+    result, arguments = _sbatch(tmp_path, SLURM_GPUS_ON_NODE="8", MAX_SEGMENTS="ten")
+    assert result.returncode == 2 and arguments is None
+    assert result.stderr.splitlines() == [
+        "slurm_train.sbatch: error: MAX_SEGMENTS must be a whole number >= 1, got 'ten'"
+    ]
+
+
 def test_sbatch_refuses_a_job_without_gpus_before_srun(tmp_path):
     result, arguments = _sbatch(tmp_path)
     assert result.returncode != 0 and arguments is None

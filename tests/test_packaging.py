@@ -64,3 +64,22 @@ def test_an_installed_wheel_finds_its_configs(tmp_path):
     assert names == "extreme_weather,image_classification"
     assert inherits == "reference"
     assert levels == "free,system,hardware"
+
+
+def test_the_test_command_never_installs_the_cpu_extra_over_the_gpu_tensorflow(tmp_path):
+    """A GPU user's .venv (the cuda extra's tensorflow) is refused before pip runs: the cpu
+    extra installed over it would leave tensorflow-cpu beside tensorflow."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    fake = tmp_path / ".venv" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").write_text('#!/bin/sh\ncase "$2" in *"tensorflow-cpu"*) exit 1;; esac\n')
+    (fake / "pip").write_text(f'#!/bin/sh\ntouch "{tmp_path}/pip-ran"\n')
+    for name in ("python", "pip"):
+        (fake / name).chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(".ci/run: error: .venv holds the GPU TensorFlow")
+    assert not (tmp_path / "pip-ran").exists()

@@ -37,6 +37,19 @@ def _shell(command: str) -> str:
 )
 def test_the_requeue_decision(warned, status, segment, cap, decision):
     assert _shell(f'requeue_decision {warned} "{status}" {segment} {cap}') == decision
+    assert _shell(f'requeue_decision {warned} "{status}" {segment} {cap} 0') == decision
+
+
+@pytest.mark.parametrize(
+    ("warned", "status", "decision"),
+    [
+        (1, "", "requeue"),  # task 0 ended by --kill-on-bad-exit as it wrote the record
+        (1, "failed", "the run failed: nothing to resume"),
+        (0, "", "no SIGUSR1 came: the step ended on its own or was cancelled"),
+    ],
+)
+def test_a_warned_stop_whose_record_was_lost_but_state_saved_is_requeued(warned, status, decision):
+    assert _shell(f'requeue_decision {warned} "{status}" 1 20 1') == decision
 
 
 def test_the_record_status_is_read_from_the_record(tmp_path):

@@ -11,11 +11,14 @@
 # pip install -e ".[cpu,torch]". Each side's output goes to OUT_DIR/SIDE.log; if either side
 # fails, this says which, with its exit code and the end of its log, and writes no comparison.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
+absolute() { [[ -z $1 || $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }  # where it was run
+VENV=$(absolute "${VENV:-}")
 PRESET=${1:-smoke}
-OUT=${2:-runs/frameworks-$(date +%Y%m%d-%H%M%S)}
+OUT=$(absolute "${2:-}")
 shift $(( $# > 2 ? 2 : $# ))
+cd "$(dirname "$0")/.."
+VENV=${VENV:-$PWD/.venv}
+OUT=${OUT:-runs/frameworks-$(date +%Y%m%d-%H%M%S)}
 if [ -e "$OUT" ]; then echo "compare_frameworks: $OUT exists; choose another" >&2; exit 2; fi
 mkdir -p "$OUT"
 

@@ -691,7 +691,8 @@ def run_checks(summary: dict, out: Path, args, deadline: float, work: Path) -> N
 
 
 def main() -> int:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    # no abbreviations: gpu_check.sh reads --deadline to set the outer limit
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", default="gpu_check.json", help="the JSON summary")
     parser.add_argument("--steps", type=int, default=200, help="timed train steps per precision")
     parser.add_argument("--batch", type=int, default=256, help="batch per GPU at 224x224")

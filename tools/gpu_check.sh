@@ -54,6 +54,7 @@ deadline=600
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     [[ ${args[i]} == --deadline && $((i + 1)) -lt ${#args[@]} ]] && deadline=${args[i + 1]%.*}
+    [[ ${args[i]} == --deadline=* ]] && deadline=${args[i]#--deadline=} && deadline=${deadline%.*}
 done
 [[ $deadline =~ ^[0-9]+$ ]] || deadline=600
 exec timeout -k 10 $((deadline + 60)) "$PYTHON" tools/gpu_check.py "$@"

@@ -8,10 +8,12 @@
 #
 #   bash tools/install_cpu_torch.sh [VENV]      (default .venv)
 set -euo pipefail
-VENV=${1:-.venv}
-PIP="$VENV/bin/pip"
+VENV=${1:-}
+[[ -z $VENV || $VENV == /* ]] || VENV=$PWD/$VENV  # relative to where it was run, not the repo
 TESTED=(2.14.1 2.14.0 2.13.1 2.13.0)  # the releases the extra admits, newest first
 cd "$(dirname "$0")/.."
+VENV=${VENV:-$PWD/.venv}
+PIP="$VENV/bin/pip"
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   how="(already installed)"
 elif "$PIP" install --quiet --isolated --timeout 20 --retries 0 \
