@@ -99,9 +99,10 @@ class ImageClassificationData:
 
     def configured_examples(self) -> tuple[int | None, int | None]:
         """The (training, evaluation) examples the config alone fixes (generated data, or
-        data.train_examples / eval_examples set over TFRecords); None where the shards' count
-        is."""
-        return self.train_examples or None, self.eval_examples or None
+        data.train_examples set over TFRecords); None where the shards' count is (every
+        validation record is evaluated, whatever data.eval_examples says)."""
+        evaluated = None if self.source == "imagenet" else self.eval_examples or None
+        return self.train_examples or None, evaluated
 
 
 # The model's forms that the reference and this project's earlier recipe differ in, each with

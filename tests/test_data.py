@@ -210,6 +210,22 @@ def test_procedural_map_leaves_its_order_to_the_options():
     assert _parallel_stages(dataset) == {"ParallelMapDatasetV2": "default"}
 
 
+def test_the_evaluation_order_does_not_depend_on_the_cores(tmp_path, monkeypatch):
+    """An ensemble's members merge their evaluation rows by position: on nodes of other core
+    counts the interleave read the validation files in another order, and the merge refused
+    the whole ensemble ("labels differ")."""
+    images = make_image_folder(tmp_path / "images", classes=3, per_class=4)
+    convert(images, tmp_path / "records", "validation", shards=3, first_label=1)
+    orders = []
+    for cores in (1, 3):
+        monkeypatch.setattr(imagenet.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        records = imagenet.imagenet_records(tmp_path / "records", False, 0)
+        options = tf.data.Options()
+        options.deterministic = True
+        orders.append([r.numpy() for r in records.with_options(options)])
+    assert len(orders[0]) == 12 and orders[0] == orders[1]
+
+
 def test_interleave_width_is_the_cores_available_at_most_the_files(monkeypatch):
     monkeypatch.setattr(imagenet.os, "sched_getaffinity", lambda pid: set(range(12)))
     assert imagenet.interleave_width(1024) == 12
@@ -268,6 +284,24 @@ def test_procedural_data_is_deterministic_and_labelled():
     train_images = {image.numpy().tobytes() for image, _ in train}
     assert len(train_images) == 16
     assert train_images.isdisjoint({image.numpy().tobytes() for image, _ in a})
+
+
+def test_procedural_evaluation_examples_are_never_training_ones_at_reference_size():
+    """Evaluation example i was training example 1,000,003 + i wherever a split had more
+    (the reference preset's 1,281,167 on procedural data): 50,000 of 50,000 were trained on."""
+    train_examples = 1_000_010
+    evaluation = procedural.procedural_dataset(
+        4, 7, 8, 10, 0.5, training=False, train_examples=train_examples
+    )
+    seen = {image.numpy().tobytes() for image, _ in evaluation}
+    trained = {
+        procedural.procedural_example(index, 7, 8, 10, 0.5)[0].numpy().tobytes()
+        for index in range(procedural.EVAL_SEED_OFFSET, train_examples)
+        if index < procedural.EVAL_SEED_OFFSET + 4
+    }
+    assert len(seen) == 4 and seen.isdisjoint(trained)
+    first = procedural.procedural_example(train_examples, 7, 8, 10, 0.5)[0].numpy().tobytes()
+    assert first in seen  # the keys past the training split's
 
 
 def test_procedural_orientation_carries_the_class():
@@ -353,6 +387,29 @@ def test_a_cache_dir_keeps_records_for_a_new_pipeline_of_the_same_worker(tmp_pat
     np.testing.assert_array_equal(again, pixels)
     other = imagenet.cache_prefix(str(cache), data, "validation", files, (2, 0))
     assert other != prefix  # another worker's records are never read for this one's
+
+
+def test_instances_on_one_node_cache_the_same_records_in_copies_of_their_own(
+    tmp_path, imagenet_dir
+):
+    """Each instance of --instances M is a one-worker run of the same data: all but one were
+    refused ("another process is caching the same records") and counted as no model."""
+    cache = tmp_path / "node-local"
+    cache.mkdir()
+    files = imagenet.shard_files(imagenet_dir, "train")
+    first = imagenet.cache_prefix(str(cache), imagenet_dir, "train", files, (1, 0))
+    script = (
+        "import sys; from hpcai500_tf.data import imagenet as i; "
+        "print(i.cache_prefix(sys.argv[1], sys.argv[2], 'train', "
+        "i.shard_files(sys.argv[2], 'train'), (1, 0)))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", script, str(cache), str(imagenet_dir)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.split()[-1] == f"{first}-2"
+    imagenet._CLAIMED.pop(first).close()
 
 
 def test_a_cache_dir_that_is_not_a_directory_is_refused_in_one_line(tmp_path, imagenet_dir):

@@ -330,6 +330,18 @@ def test_a_configured_cap_is_a_difference(shards):
     )
 
 
+def test_an_evaluation_cap_is_never_recorded_as_applied(shards):
+    """Every validation record is evaluated: data.eval_examples was logged and recorded as the
+    evaluation's size ("is used instead") while the evaluation read them all."""
+    setup, workload = _image_classification(shards, "data.eval_examples=2")
+    records = imagenet.split_facts(shards, "validation").records
+    assert records != 2 and workload.eval_examples == records
+    assert (
+        f"data.eval_examples = 2 is not applied: all {records} records of the validation split"
+        in " ".join(_l9(setup, workload)["data_differences"])
+    )
+
+
 def test_imagenet_1k_split_sizes_and_reference_classes_are_rankable(shards, monkeypatch):
     sizes = {"train": 1_281_167, "validation": 50_000}
     monkeypatch.setattr(

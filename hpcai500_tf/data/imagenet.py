@@ -8,7 +8,8 @@ bytes of float32 to copy to the accelerator, where `normalise` (the channel mean
 the channel deviations) runs as the model's first computation. Whether the parallel
 interleave and map keep their order is left to the dataset's
 `tf.data.Options().deterministic`, which the engine sets from `training.deterministic`; the
-interleave reads as many files at once as this process has cores.
+training interleave reads as many files at once as this process has cores, the evaluation's
+EVAL_INTERLEAVE whatever the cores (its order is then the same on every machine).
 Workers get whole files when there are at least as many files as workers, else each file's
 records split by position: either way a partition of the split, whatever that order.
 
@@ -98,6 +99,9 @@ def normalise(images, method: str = "mean_255"):
 def to_pixels(image):
     """A resized float image (values 0-255) rounded and saturated to uint8 pixels."""
     return tf.saturate_cast(tf.round(image), tf.uint8)
+
+
+EVAL_INTERLEAVE = 16  # validation files read at once, whatever this machine's cores
 
 
 def interleave_width(files: int) -> int:
@@ -199,9 +203,10 @@ def imagenet_records(
     dataset, files_here, read = worker_records(files, *shard, first_indices=first_indices)
     if training:
         dataset = dataset.shuffle(files_here, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.interleave(
-        read, cycle_length=interleave_width(files_here), num_parallel_calls=tf.data.AUTOTUNE
-    )
+    # The evaluation's order is the same on every machine (an ensemble's members, on nodes of
+    # other core counts, merge their rows by it): files read EVAL_INTERLEAVE at a time.
+    width = interleave_width(files_here) if training else min(EVAL_INTERLEAVE, files_here)
+    dataset = dataset.interleave(read, cycle_length=width, num_parallel_calls=tf.data.AUTOTUNE)
     if cache:
         indexed = first_indices is not None
         prefix = cache_dir and cache_prefix(cache_dir, data_dir, split, files, shard, indexed)
@@ -241,7 +246,9 @@ def cache_prefix(
     the data directory, its shard listing, the worker's place and whether each record is kept
     with its index, so that a cache of other data, of another worker or of other elements is
     never read. While this process runs it holds a lock there; the partial files a killed
-    process left (tf.data's `_N.lockfile` would block) are removed."""
+    process left (tf.data's `_N.lockfile` would block) are removed. Where another process
+    holds that cache, this one takes the next copy (`-2`, `-3`, ...): each instance of
+    `--instances M` on one node keeps a copy of its own."""
     if not Path(cache_dir).is_dir():
         missing = not os.path.lexists(cache_dir)
         raise UserError(
@@ -251,25 +258,38 @@ def cache_prefix(
     key = [str(Path(data_dir).resolve()), listing.fingerprint([Path(f) for f in files]), *shard]
     key += ["indexed"] if indexed else []  # the prefixes of plain records stay as they were
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
-    prefix = Path(cache_dir).resolve() / f"hpcai500-{split}-{digest}"
-    if str(prefix) in _CLAIMED:
-        return str(prefix)
+    base = Path(cache_dir).resolve() / f"hpcai500-{split}-{digest}"
+    # A process caching these records already (another instance of `--instances M` on this
+    # node: same data, same place) holds the first: the next copy is this one's.
+    for copy in range(1, MAX_CACHE_COPIES + 1):
+        prefix = base if copy == 1 else base.with_name(f"{base.name}-{copy}")
+        if str(prefix) in _CLAIMED or _claim(prefix):
+            return str(prefix)
+    raise UserError(
+        f"{base}: {MAX_CACHE_COPIES} processes on this node are caching the same records "
+        f"(each holds one of {base}[-N].hpcai500-lock)"
+    )
+
+
+MAX_CACHE_COPIES = 64
+
+
+def _claim(prefix: Path) -> bool:
+    """Take `prefix`'s lock for this process (False: another holds it), and remove the partial
+    files a killed process left there (tf.data's `_N.lockfile` would block)."""
     lock = open_lock_file(f"{prefix}.hpcai500-lock", "data.cache_dir lock")  # never a link
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise UserError(
-            f"{prefix}: another process on this node is caching the same records "
-            f"(it holds {prefix}.hpcai500-lock)"
-        ) from None
+        return False
     except OSError:
         pass  # no flock here: other processes cannot be seen, so nothing is removed
     else:
         for partial in prefix.parent.glob(f"{prefix.name}_*"):
             partial.unlink(missing_ok=True)
     _CLAIMED[str(prefix)] = lock
-    return str(prefix)
+    return True
 
 
 def worker_records(

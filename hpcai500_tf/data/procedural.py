@@ -49,11 +49,14 @@ def procedural_dataset(
     shard: tuple[int, int] = (1, 0),
     shuffle_seed: int | None = None,
     sample=None,
+    train_examples: int = 0,
 ) -> tf.data.Dataset:
     """Examples [0, examples) of the split, drawn by `seed`; training shuffles each epoch,
     seeded by `shuffle_seed` (default `seed`). `sample` (training only): the example indices
-    to train on instead (a bootstrap sample, run/bootstrap.py), shuffled so within."""
-    offset = 0 if training else EVAL_SEED_OFFSET
+    to train on instead (a bootstrap sample, run/bootstrap.py), shuffled so within. The
+    evaluation split's keys start past the training split's (`train_examples`), so that no
+    evaluation example is a training one."""
+    offset = 0 if training else max(EVAL_SEED_OFFSET, train_examples)
     if sample is not None and training:
         indices = tf.data.Dataset.from_tensor_slices(tf.constant(sample, tf.int64))
         examples = len(sample)

@@ -99,7 +99,7 @@ class ImageClassification:
                 raise UserError(f"{self.data_dir}: the {split} shards hold no records")
         counted = {SPLITS[split]: facts.records for split, facts in splits.items()}
         self.train_examples = d.train_examples or counted["train_examples"]
-        self.eval_examples = d.eval_examples or counted["eval_examples"]
+        self.eval_examples = counted["eval_examples"]  # every record: no cap is applied
         differences = []
         for split, key in SPLITS.items():
             records = counted[key]
@@ -108,7 +108,12 @@ class ImageClassification:
                     f"the {split} split holds {records:,} records, ImageNet-1k's {reference[key]:,}"
                 )
             configured = getattr(d, key)
-            if configured and configured != records:
+            if configured and configured != records and key == "eval_examples":
+                differences.append(
+                    f"data.eval_examples = {configured:,} is not applied: all {records:,} "
+                    "records of the validation split are evaluated"
+                )
+            elif configured and configured != records:
                 differences.append(
                     f"data.{key} = {configured:,} is used instead of the {records:,} records"
                 )
@@ -183,7 +188,7 @@ class ImageClassification:
             examples = d.train_examples if training else d.eval_examples
             return procedural.procedural_dataset(
                 examples, self.content_seed, d.image_size, d.num_classes, d.noise, training,
-                shard, shuffle_seed=seed, sample=self.sample,
+                shard, shuffle_seed=seed, sample=self.sample, train_examples=d.train_examples,
             )  # fmt: skip
         # With data.cache, every stream of a split (each epoch's, each evaluation) reads the
         # one cached dataset of its records, which the first pass filled; every evaluation
