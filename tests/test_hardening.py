@@ -75,8 +75,11 @@ def test_a_meter_log_of_absurd_watts_leaves_a_record_with_energy_not_measured(tm
     (path,) = out.glob("*/record.json")
     rec = record.load(path)
     assert rec["status"] == "completed" and rec["energy"]["measured"] is False
-    assert "not finite" in rec["energy"]["reason"]
-    assert any(w.startswith("energy not measured") for w in rec["warnings"])
+    # readings beyond a gigawatt are unreadable lines (energy/meter_log.py): none is used
+    assert (
+        f"meter log not used: {meter}: fewer than two usable readings in the meter log"
+        in (rec["warnings"])
+    )
 
 
 def _corrupt_a_payload(shard: Path) -> None:
