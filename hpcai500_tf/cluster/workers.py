@@ -113,8 +113,8 @@ def strategy_overrides(
     cluster (TF_CONFIG where the framework `reads_tf_config`, TensorFlow; Slurm's step for
     both frameworks) is checked here, its hosts resolved, in one line, before the framework
     loads (backends.Backend.strategy_overrides gives the framework's flags)."""
-    if launching_workers and "SLURM_STEP_NUM_TASKS" in os.environ and under_slurm():
-        tasks = slurm.step_tasks(os.environ)
+    step = launching_workers and "SLURM_STEP_NUM_TASKS" in os.environ  # read strictly there
+    if step and (tasks := slurm.step_tasks(os.environ)) > 1:
         raise UserError(
             f"--workers launches its workers on this machine, but this is one of {tasks} "
             "tasks of an srun step, each of which would launch a run of its own: srun -n1 "

@@ -73,11 +73,11 @@ def _check_one_set(data_dir: Path, split: str, names: list[str]) -> None:
     named so: a set cut short by a failed copy or conversion, or two sets in one folder (a
     re-sharded copy beside the old one, an index file beside its shard), would otherwise train
     on part of the data or read the same records twice, each looking like a valid run."""
-    named = [name for name in names if SHARD_NAME.fullmatch(name)]
-    if named and len(named) < len(names):
-        odd = next(name for name in names if not SHARD_NAME.fullmatch(name))
+    odd = [name for name in names if not SHARD_NAME.fullmatch(name)]
+    if odd and len(odd) < len(names):
+        named = next(name for name in names if name not in odd)
         raise UserError(
-            f"{data_dir}: {odd} is not named like the other {split} shards ({named[0]}); "
+            f"{data_dir}: {odd[0]} is not named like the other {split} shards ({named}); "
             "move it out of the folder"
         )
     if problem := shard_set_problem(names):

@@ -78,7 +78,7 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
         except (ValueError, RecursionError):
             bad.append(number)
             continue
-        if _well_formed(event):
+        if well_formed_event(event):
             event[LINE] = number
             events.append(event)
         else:
@@ -91,7 +91,7 @@ def read_log(path: Path) -> tuple[list[dict], list[str]]:
     return events, warnings
 
 
-def _well_formed(event) -> bool:
+def well_formed_event(event) -> bool:
     """An event this importer can use: a string key, a finite time, metadata an object."""
     return (
         isinstance(event, dict)

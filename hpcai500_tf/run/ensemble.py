@@ -91,12 +91,9 @@ def _workers_per_member(args) -> int:
     SLURM_NTASKS under salloc or a batch shell is no step: the members run here), else
     --workers, shared by --instances."""
     from hpcai500_tf.cluster import slurm
-    from hpcai500_tf.cluster import workers as cluster
 
-    if cluster.under_slurm():  # a batch shell with several tasks and no step: one line
-        total = slurm.step_tasks(os.environ)
-    else:
-        total = args.workers or args.instances
+    tasks = slurm.step_tasks(os.environ)  # a batch shell with several tasks, no step: one line
+    total = tasks if tasks > 1 else args.workers or args.instances
     return max(1, total // args.instances)
 
 

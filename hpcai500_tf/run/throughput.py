@@ -27,9 +27,10 @@ from hpcai500_tf import record as record_io
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.files import open_regular_file
 from hpcai500_tf.layers import LAYER_IDS
+from hpcai500_tf.mlperf.mlperf_import import well_formed_event
 from hpcai500_tf.run import ensemble
 from hpcai500_tf.run.directory import MLPERF_LOG, RECORD_FILE
-from hpcai500_tf.validation import compile_shape, invalid, is_finite_number
+from hpcai500_tf.validation import compile_shape, invalid
 
 KIND = "hpcai500-throughput"
 SCHEMA_VERSION = 1
@@ -152,15 +153,9 @@ def mlperf_times(log: Path) -> tuple[float | None, float | None, str | None]:
 
 
 def _timed_event(entry) -> bool:
-    """An MLPerf log entry with a string key, a time in milliseconds a float holds (0 to
-    1e16, past the year 300,000) and metadata an object where it has any."""
-    return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("key"), str)
-        and is_finite_number(entry.get("time_ms"))
-        and 0 <= entry["time_ms"] < 1e16
-        and isinstance(entry.get("metadata") or {}, dict)
-    )
+    """An MLPerf log entry the importer can use, at a time in milliseconds a float holds (0
+    to 1e16, past the year 300,000)."""
+    return well_formed_event(entry) and 0 <= entry["time_ms"] < 1e16
 
 
 def member_window(members: list[dict]) -> tuple[float | None, float | None]:
