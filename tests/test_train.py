@@ -104,6 +104,19 @@ def test_the_run_is_scored_at_the_end_of_its_last_required_epoch(tiny_run):
     )
 
 
+def test_the_mlperf_logs_run_stop_is_the_timed_runs_end(tiny_run):
+    """MLPerf times a run from its log (run_stop - run_start): run_stop is the record's end of
+    the timed run (the last evaluation), not the later moment the record was written."""
+    run_dir, rec = tiny_run
+    events = [json.loads(line.split(" ", 1)[1]) for line in (run_dir / "mlperf.log").open()]
+    (stop,) = [e for e in events if e["key"] == "run_stop"]
+    (start,) = [e for e in events if e["key"] == "run_start"]
+    assert stop["time_ms"] == int(rec["timeline"]["run_stop"] * 1000)
+    assert start["time_ms"] == int(rec["timeline"]["run_start"] * 1000)
+    last_eval = [e for e in events if e["key"] == "eval_stop"][-1]
+    assert last_eval["time_ms"] <= stop["time_ms"]
+
+
 def test_mlperf_log_passes_the_compliance_checker(tiny_run, tmp_path):
     pytest.importorskip("mlperf_logging")
     run_dir, _ = tiny_run

@@ -473,7 +473,9 @@ def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None
     one.observers.on_record(artifacts, one.warnings)
     if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
         status = "success" if outcome.status == "completed" else "aborted"
-        one.mllog.end("run_stop", metadata={"status": status})
+        segments = one.progress.segments  # the timed run's end, as the record's timeline says
+        at = segments[-1]["stop"] * 1000 if segments else None
+        one.mllog.end("run_stop", metadata={"status": status}, time_ms=at)
     one.mllog.close()
     _trace_artifacts(one, artifacts)
     record = make_record(
