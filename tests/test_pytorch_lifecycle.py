@@ -236,13 +236,12 @@ def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed
         "    setup = config.prepare('image_classification', 'tiny', [])\n"
         "    trainer = TorchTrainer(setup, RunOptions())\n"
         "    try:\n"
-        "        trainer.step = 5\n"
-        "        rate = trainer.learning_rate()\n"
+        "        trainer.step, trainer.updates = 5, 4\n"
         "        before = [p.detach().clone() for p in trainer.module.parameters()]\n"
         "        trainer.warm_up(checkpoints=True)\n"
         "        same = all(bool((a == b.detach()).all())\n"
         "                   for a, b in zip(before, trainer.module.parameters()))\n"
-        "        print(json.dumps({'step': trainer.step, 'same': same}))\n"
+        "        print(json.dumps({'step': [trainer.step, trainer.updates], 'same': same}))\n"
         "    finally:\n"
         "        trainer.close()\n"
     )
@@ -250,7 +249,51 @@ def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed
         [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"step": 5, "same": True}
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"step": [5, 4], "same": True}
+
+
+def test_a_step_skipped_for_an_overflow_does_not_move_the_schedule(torch_installed, tmp_path):
+    """As Keras's schedule follows its inner optimizer's iterations, PyTorch's follows the
+    updates applied: a float16 step whose gradients overflow (GradScaler skips it) trains the
+    next step at the same rate. GradScaler on the CPU stands for CUDA's here."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, sys\n"
+        "from hpcai500_tf import config\n"
+        "from hpcai500_tf.run.options import RunOptions\n"
+        "from hpcai500_tf.pytorch.train import TorchTrainer\n"
+        "if __name__ == '__main__':  # the feeder process, spawned, imports this file\n"
+        "    sys.modules['tensorflow'] = None\n"
+        "    import torch\n"
+        "    setup = config.prepare('image_classification', 'tiny', [])\n"
+        "    trainer = TorchTrainer(setup, RunOptions())\n"
+        "    try:\n"
+        "        trainer.scaler = torch.amp.GradScaler('cpu', init_scale=2.0**15)\n"
+        "        batch, finite = trainer._zero_batch(), trainer.loss_fn\n"
+        "        trainer.loss_fn = lambda *a: finite(*a) * float('inf')\n"
+        "        trainer.train_step(batch)\n"
+        "        skipped = [trainer.step, trainer.updates, trainer.scaler.get_scale()]\n"
+        "        trainer.loss_fn = finite\n"
+        "        rates = []\n"
+        "        for _ in range(2):\n"
+        "            trainer.train_step(batch)\n"
+        "            rates.append(trainer.learning_rate())\n"
+        "        schedule = [trainer.schedule.rate(k) for k in range(3)]\n"
+        "        print(json.dumps({'skipped': skipped, 'rates': rates, 'schedule': schedule,\n"
+        "                          'now': [trainer.step, trainer.updates]}))\n"
+        "    finally:\n"
+        "        trainer.close()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["skipped"] == [1, 0, 2.0**14]  # a step taken, no update, the scale halved
+    schedule = seen["schedule"]
+    assert len(set(schedule)) == 3  # the tiny schedule's first rates differ: the test can fail
+    assert seen["rates"] == schedule[:2]  # steps 2 and 3 train at updates 0 and 1's rates
+    assert seen["now"] == [3, 2]
 
 
 class _Pipe:

@@ -272,9 +272,18 @@ class TorchTrainer(Trainer):
         )
         self.initial_loss_scale = INITIAL_LOSS_SCALE if self.scaler.is_enabled() else None
         self.step = 0
+        # The updates applied: the schedule's step. A float16 step that GradScaler skips for
+        # an overflow applies none and moves the schedule no further, as Keras's schedule
+        # follows its inner optimizer's iterations. Counted by the optimizer's own hook (no
+        # read of the device: GradScaler has already read whether to step).
+        self.updates = 0
+        self.optimizer.register_step_post_hook(self._count_update)
         self._predictions = None  # an ensemble member's last evaluation's (`evaluate`)
         if self.mixed:
             check_mixed_precision(torch, self.device, self.precision)
+
+    def _count_update(self, optimizer, args, kwargs) -> None:
+        self.updates += 1
 
     # ------------------------------------------------------------------ data
 
@@ -319,7 +328,7 @@ class TorchTrainer(Trainer):
         worker's stop signal (0: none), summed over the workers by the gradient all-reduce
         and kept in `votes` (None: none kept; one worker: none carried)."""
         images, labels = batch
-        rate = self.schedule.rate(self.step)
+        rate = self.schedule.rate(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = rate
         self.model.train()
@@ -409,14 +418,14 @@ class TorchTrainer(Trainer):
         (a checkpoint is a torch.save: nothing of it to warm up)."""
         model_state = copy.deepcopy(self.module.state_dict())
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
-        step, scaler_state = self.step, copy.deepcopy(self.scaler.state_dict())
+        step, scaler_state = (self.step, self.updates), copy.deepcopy(self.scaler.state_dict())
         # The step the run takes: on several workers, the one carrying a stop vote.
         float(self.train_step(self._zero_batch(), 0 if self.workers > 1 else None).detach())
         self.votes.clear()
         self.module.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
         self.scaler.load_state_dict(scaler_state)
-        self.step = step  # a resumed run's schedule goes on from its checkpoint
+        self.step, self.updates = step  # a resumed run's schedule goes on from its checkpoint
 
     def count_flops(self) -> dict:
         from torch.utils.flop_counter import FlopCounterMode
@@ -488,6 +497,7 @@ class TorchTrainer(Trainer):
             "epochs_done": epochs_done,
             "batches_done": batches_done,
             "step": self.step,
+            "updates": self.updates,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -520,6 +530,7 @@ class TorchTrainer(Trainer):
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             step = int(state["step"])
+            updates = int(state.get("updates", step))  # written before skips were counted
         except (KeyError, RuntimeError, ValueError, TypeError) as error:
             raise checkpoint_unrestorable(path, error) from None
         expected = held * self.steps_per_epoch + batches
@@ -529,7 +540,11 @@ class TorchTrainer(Trainer):
                 f"{path}: holds step {step}, not the {expected} steps of "
                 f"{held} epochs{more} at this batch: resume refused"
             )
-        self.step = step
+        if not 0 <= updates <= step:
+            raise UserError(
+                f"{path}: holds {updates} updates applied in {step} steps: resume refused"
+            )
+        self.step, self.updates = step, updates
         return held, batches
 
     def step_trace(self, log_dir: Path, first: int, last: int):
