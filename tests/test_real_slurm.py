@@ -667,3 +667,39 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_s
     assert record["status"] == "completed", record["warnings"]
     assert len(record["timeline"]["segments"]) == 2
     assert record["timeline"]["epochs"][-1]["examples"] == 30 * 256
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_after_its_warning_is_not_requeued(real_slurm, tmp_path):
+    """scancel in the minutes between Slurm's warning (SIGUSR1) and the time limit: the run
+    stops at its checkpoint as for any scancel, and the job is not requeued (a person or the
+    scheduler ended it; only the time limit's stop is continued)."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "hpcai500-tf").write_text(
+        "#!/bin/sh\n"
+        "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --resume-or-start ] && dir=$2; shift; done\n'
+        f"exec {CLI} train image_classification --preset tiny --set training.epochs=200 "
+        '--power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
+    )
+    (bin_dir / "hpcai500-tf").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
+    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", str(out / "runs"), env=env)
+    _wait_for(
+        "the end of epoch 1", lambda: "eval after epoch 1" in real_slurm.job_output(job), 180,
+        lambda: real_slurm.job_output(job) + real_slurm.logs(),
+    )  # fmt: skip
+    real_slurm.on("node9", "scancel", "--signal=USR1", "--batch", job)
+    time.sleep(0.3)  # the warning taken: the script passed it to srun
+    real_slurm.on("node9", "scancel", job)
+    state, code = real_slurm.finished(job, limit_s=120)
+    time.sleep(3)  # a requeued job would be pending again by now
+    output = real_slurm.job_output(job)
+    assert not real_slurm.on("node9", "squeue", "-h", "-j", job).stdout.strip(), output
+    assert "requeued" not in output.replace("not requeued", ""), output
+    assert "not requeued: cancelled: SIGTERM came" in output, output
+    assert state == "CANCELLED", f"{state} {code}{output}"
+    record = json.loads((out / "runs" / f"slurm-{job}" / "record.json").read_text())
+    assert record["status"] == "stopped", record["warnings"]

@@ -52,6 +52,18 @@ def test_a_warned_stop_whose_record_was_lost_but_state_saved_is_requeued(warned,
     assert _shell(f'requeue_decision {warned} "{status}" 1 20 1') == decision
 
 
+@pytest.mark.parametrize("warned", [0, 1])
+@pytest.mark.parametrize("status", ["stopped", ""])
+def test_a_job_sigterm_reached_is_never_requeued(warned, status):
+    """scancel's SIGTERM, also in the minutes after the time limit's warning, when the run
+    stops at its checkpoint as for the warning (tests/test_real_slurm.py runs it on Slurm)."""
+    decision = _shell(f'requeue_decision {warned} "{status}" 1 20 1 1')
+    assert decision.startswith("cancelled: SIGTERM came"), decision
+    assert _shell(f'requeue_decision {warned} "{status}" 1 20 1 0') == (
+        "requeue" if warned else "no SIGUSR1 came: the step ended on its own or was cancelled"
+    )
+
+
 def test_the_record_status_is_read_from_the_record(tmp_path):
     path = tmp_path / "record.json"
     path.write_text('{"status": "stopped", "layers": {"status": "x"}}')
