@@ -294,3 +294,35 @@ def test_each_workers_feeder_reads_its_own_shard():
 
 def digest(image) -> str:
     return hashlib.sha256(image.tobytes()).hexdigest()
+
+
+def test_a_pytorch_worker_counts_only_the_gpu_it_computes_on(monkeypatch):
+    """A task that sees all 8 of its node's GPUs (srun --gpu-bind=none, the sbatch's PyTorch
+    default; --workers N) computes on GPU LOCAL_RANK: L1 marks that one as used, so 16 such
+    workers are 16 accelerators in the ranking, not 128."""
+    import types
+
+    from hpcai500_tf.cluster import machine
+    from hpcai500_tf.cluster.devices import WORKER_GPUS
+    from hpcai500_tf.results import scoring
+
+    gpus = [
+        {"index": i, "model": "NVIDIA H100", "memory_bytes": 80 << 30, "uuid": f"GPU-{i:08d}"}
+        for i in range(8)
+    ]
+    monkeypatch.setattr(machine, "nvidia_gpus", lambda: (gpus, "570.00", None))
+    monkeypatch.delenv(WORKER_GPUS, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    environ = dict(os.environ)
+    cuda = types.SimpleNamespace(current_device=lambda: 0)
+    distributed.mark_computing_gpu(environ, types.SimpleNamespace(cuda=cuda),
+                                   types.SimpleNamespace(type="cuda", index=3))  # fmt: skip
+    assert environ[WORKER_GPUS] == "3"
+    monkeypatch.setenv(WORKER_GPUS, environ[WORKER_GPUS])
+    l1 = machine.hardware_layer(16)
+    assert [a["index"] for a in l1["accelerators"] if a["visible"]] == [3]
+    facts = scoring.system_facts({"layers": {"L1": l1, "L3": {}, "L5": {}}})
+    assert facts["accelerators"] == 16
+    cpu = {}
+    distributed.mark_computing_gpu(cpu, None, types.SimpleNamespace(type="cpu", index=None))
+    assert cpu == {}

@@ -224,6 +224,17 @@ def test_ports_come_from_the_job_id_in_a_documented_range():
     assert task.ports.source == "SLURM_JOB_ID"
 
 
+def test_more_tasks_on_a_node_than_a_job_id_slot_holds_is_one_line():
+    """Job 1000's 32 tasks per node would take job 1001's ports (a shared node): refused,
+    naming the two ways to give them ports; 16 still fit, and a port base still serves 32."""
+    environ = _env("node[9-10]", "32(x2)", 64, 0, SLURM_JOB_ID="1000")
+    with pytest.raises(UserError, match=r"runs 32 tasks, more than the 16 .*--resv-ports=32"):
+        _task(environ)
+    assert _task({**environ, "HPCAI500_SLURM_PORT_BASE": "40000"}).address == "node9:40000"
+    sixteen = _task(_env("node[9-10]", "16(x2)", 32, 0, SLURM_JOB_ID="1000"))
+    assert sixteen.ports.source == "SLURM_JOB_ID"
+
+
 def test_slurms_reserved_ports_are_taken_by_local_index():
     environ = _env("node[9-10]", "2(x2)", 4, 3, SLURM_STEP_RESV_PORTS="12000-12007")
     task = _task(environ)

@@ -59,6 +59,9 @@ def test_a_job_sigterm_reached_is_never_requeued(warned, status):
     stops at its checkpoint as for the warning (tests/test_real_slurm.py runs it on Slurm)."""
     decision = _shell(f'requeue_decision {warned} "{status}" 1 20 1 1')
     assert decision.startswith("cancelled: SIGTERM came"), decision
+    assert decision.endswith("set to this run's directory"), decision
+    ended = _shell(f'requeue_decision {warned} "completed" 1 20 1 1')
+    assert ended.endswith("the run completed"), ended
     assert _shell(f'requeue_decision {warned} "{status}" 1 20 1 0') == (
         "requeue" if warned else "no SIGUSR1 came: the step ended on its own or was cancelled"
     )

@@ -442,3 +442,30 @@ def test_xla_switch(tmp_path):
     )
     rec, _ = run.run_benchmark(setup, None, tmp_path)
     assert rec["status"] == "completed" and rec["layers"]["L7"]["xla"] is True
+
+
+def test_a_segment_that_fails_opening_its_data_is_kept_with_its_own_end():
+    """A resumed process whose data stream fails to open (PyTorch's feeder answers at once; a
+    scancel can land there) still closes its own segment, so the record's and the MLPerf
+    log's run_stop are this process's end, not the previous process's."""
+    import time as clock
+    import types
+
+    from hpcai500_tf.run import lifecycle
+    from hpcai500_tf.run.progress import Progress
+
+    before = clock.time() - 100
+    progress = Progress("f", epochs_done=1, run_start=before - 50,
+                        segments=[{"start": before - 50, "stop": before}])  # fmt: skip
+
+    def no_stream(*_):
+        raise RuntimeError("the data process did not answer")
+
+    one = types.SimpleNamespace(
+        progress=progress, clock=clock.monotonic, trace=None, timed_end=None,
+        trainer=types.SimpleNamespace(train_batches=no_stream),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="did not answer"):
+        lifecycle.train_epochs(one)
+    assert len(progress.segments) == 2
+    assert progress.segments[-1]["start"] > before

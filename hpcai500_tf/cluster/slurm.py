@@ -251,6 +251,12 @@ def port_plan(environ: Mapping[str, str], tasks_on_node: int) -> PortPlan:
     else:
         source, setting = "SLURM_JOB_ID", _required(environ, "SLURM_JOB_ID")
         job = whole_number(setting, source, 0, 2**32 - 1, "run the tasks with srun, which sets it")
+        if tasks_on_node > PORT_STRIDE:  # would take the next job id's ports on a shared node
+            raise UserError(
+                f"a node runs {tasks_on_node} tasks, more than the {PORT_STRIDE} ports a job's "
+                f"slot from SLURM_JOB_ID holds: ask srun for --resv-ports={tasks_on_node}, or "
+                "set HPCAI500_SLURM_PORT_BASE to the first of that many free ports"
+            )
         base = PORT_FIRST + (job % PORT_SLOTS) * PORT_STRIDE
     if not 1024 <= base <= 65536 - tasks_on_node:
         raise UserError(

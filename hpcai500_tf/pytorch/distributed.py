@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from hpcai500_tf.cluster import slurm
+from hpcai500_tf.cluster.devices import WORKER_GPUS
 from hpcai500_tf.errors import UserError
 
 TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -162,6 +163,17 @@ def _first_line(error: BaseException) -> str:
     """An exception's first line without torch's `[file.cpp:N] ` prefix, at most 300 characters."""
     lines = str(error).strip().splitlines() or [error.__class__.__name__]
     return re.sub(r"^\[[^\]]*:\d+\]\s*", "", lines[0])[:300]
+
+
+def mark_computing_gpu(environ, torch, device) -> None:
+    """Name the one GPU this process computes on as its share (HPCAI500_WORKER_GPUS: its
+    position in CUDA's list, torch's device index), so that L1 and the energy count it alone,
+    as they count a TensorFlow worker's share: a task that sees all of its node's GPUs
+    (srun --gpu-bind=none, --workers N) computes on one of them. Nothing on the CPU."""
+    if device.type != "cuda":
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    environ[WORKER_GPUS] = str(index)
 
 
 def init_process_group(torch, workers: Workers, device, timeout_s: float):

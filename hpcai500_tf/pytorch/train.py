@@ -200,6 +200,7 @@ class TorchTrainer(Trainer):
         )
         with JoinWatchdog(join_s, message):  # the rendezvous ends by its deadline, not c10d's
             self.device = distributed.init_process_group(torch, self.placement, device, timeout_s)
+        distributed.mark_computing_gpu(os.environ, torch, self.device)  # L1's and the energy's
         self.global_batch = t.batch_per_replica * self.workers
         # TensorFlow feeds the data from a process of its own (see pytorch/feeder.py): this
         # worker's part of the training and evaluation data, a replica's batch at a time.

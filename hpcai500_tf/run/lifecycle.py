@@ -294,12 +294,12 @@ def train_epochs(one: Run, power=None) -> Progress:
     `PowerSampler`, puts the energy so far into each; the caller stops it and adds the last
     segment's energy after this returns."""
     progress = one.progress
-    batches = one.trainer.train_batches(progress.epochs_done, progress.batches_done)
     segment_start, last_checkpoint = time.time(), one.clock()
     if progress.run_start is None:
         progress.run_start = segment_start
         one.mllog.start("run_start", time_ms=segment_start * 1000)
-    try:
+    try:  # this process's segment is kept whatever ends it, opening the data stream too
+        batches = one.trainer.train_batches(progress.epochs_done, progress.batches_done)
         with stop.listening() as one.stop_request:
             try:
                 _train_to_the_budget(one, batches, segment_start, last_checkpoint, power)
@@ -473,8 +473,10 @@ def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None
     one.observers.on_record(artifacts, one.warnings)
     if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
         status = "success" if outcome.status == "completed" else "aborted"
-        segments = one.progress.segments  # the timed run's end, as the record's timeline says
-        at = segments[-1]["stop"] * 1000 if segments else None
+        progress = one.progress  # the timed run's end, as the record's timeline says
+        at = None
+        if progress.segments and progress.run_start is not None:
+            at = max(progress.segments[-1]["stop"] * 1000, int(progress.run_start * 1000) + 1)
         one.mllog.end("run_stop", metadata={"status": status}, time_ms=at)
     one.mllog.close()
     _trace_artifacts(one, artifacts)
