@@ -182,6 +182,18 @@ def test_a_task_slurm_bound_to_one_gpu_computes_on_it_whatever_nvml_counts(monke
         assert (task.host, task.local_index) == ("gpu2", 3)
 
 
+def test_without_slurm_gpus_on_node_the_node_count_is_the_jobs_gpu_list(monkeypatch):
+    """A Slurm that sets no SLURM_GPUS_ON_NODE: the node's GPUs are SLURM_JOB_GPUS's 8, not
+    SLURM_STEP_GPUS's one (the task's own under --gpus-per-task=1), so the bound task is found
+    as on a Slurm that sets it, not refused as 8 tasks sharing one GPU."""
+    monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 1)
+    environ = _per_gpu_task(3, SLURMD_TRES_BIND="gpu:per_task:1")
+    del environ["SLURM_GPUS_ON_NODE"]
+    assert slurm.slurm_node_gpus(environ) == 8
+    task = cluster_workers.slurm_cluster(environ)
+    assert task.gpus == ("0",) and task.gpu_layout.startswith("bound to this task by Slurm")
+
+
 def test_gpu_bind_none_means_the_project_slices_the_nodes_gpus(monkeypatch):
     """--gpus-per-node=8 --ntasks-per-node=8 --gpu-bind=none: every task sees all 8."""
     monkeypatch.setattr(cluster_workers, "node_gpu_count", lambda: 8)

@@ -458,12 +458,14 @@ def gpu_binding(environ: Mapping[str, str]) -> str | None:
 
 def slurm_node_gpus(environ: Mapping[str, str]) -> int | None:
     """The GPUs Slurm gave this job on this node: SLURM_GPUS_ON_NODE, else the length of
-    SLURM_STEP_GPUS or SLURM_JOB_GPUS (`0,1,2,3`); None where Slurm says nothing. A task that
+    SLURM_JOB_GPUS or SLURM_STEP_GPUS (`0,1,2,3`; the job's first: a task of srun
+    --gpus-per-task=1 has only its own GPU in SLURM_STEP_GPUS, Slurm 22.05 on
+    tests/test_real_slurm.py); None where Slurm says nothing. A task that
     Slurm's cgroup keeps to its own GPU cannot count the node's through NVML, which then lists
     the node's GPUs but opens only its own."""
     if environ.get("SLURM_GPUS_ON_NODE", "").strip():
         return _integer(environ, "SLURM_GPUS_ON_NODE", 0, MAX_NODE_GPUS)
-    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+    for name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
         listed = environ.get(name, "").strip()
         if listed:
             entries = listed.split(",", MAX_NODE_GPUS)
