@@ -145,6 +145,34 @@ def test_install_without_the_package_index_is_one_line_and_leaves_nothing(tmp_pa
     assert not venv.exists() and not (tmp_path / "summary.json").exists()
 
 
+def test_a_second_install_reuses_its_venv_and_never_remakes_it_from_python3(tmp_path):
+    """A venv made before (here: a stand-in whose Python passes the version check) is
+    reused: `python3 -m venv` over it (Ubuntu's 3.10 on a rerun without PYTHON=) would
+    repoint it at 3.10."""
+    venv, fake = tmp_path / "venv", tmp_path / "bin"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(  # a 3.11+ Python for the version check; pip fails
+        f'#!/bin/sh\n[ "$1" = -c ] && exec "{sys.executable}" "$@"\necho "$@" > "{tmp_path}/pip"\n'
+        "exit 1\n"
+    )
+    (venv / "bin" / "python").chmod(0o755)
+    fake.mkdir()
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/python3-calls"\nexit 1\n')
+    (fake / "python3").chmod(0o755)
+    env = {"GPU_CHECK_VENV": str(venv), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "",
+           "PATH": f"{fake}:{os.environ['PATH']}"}  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(SHELL), "--install", "--out", str(tmp_path / "summary.json")],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (tmp_path / "pip").read_text().startswith("-m pip install")  # the venv's own
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("gpu_check.sh: error: could not install the package with its cuda")
+    assert not (tmp_path / "python3-calls").exists()  # python3 -m venv never ran
+    assert (venv / "bin" / "python").exists()  # the venv made before is kept
+
+
 def test_a_python_older_than_3_11_is_one_line_naming_it_and_the_fix(tmp_path):
     """Ubuntu 22.04's python3 is 3.10: named before any venv is made or pip blamed."""
     fake = tmp_path / "bin"

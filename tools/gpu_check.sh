@@ -36,8 +36,10 @@ if [[ ${1:-} == --install ]]; then
     log="$(mktemp -t gpu-check-install.XXXXXX)"
     created=0
     [[ -d $VENV ]] || created=1
-    if ! { "$base" -m venv "$VENV" && "$VENV/bin/pip" install --quiet --timeout 30 -e ".[cuda]"; } \
-        >"$log" 2>&1; then
+    # A venv made before is reused as it is: `venv` over it from another Python (python3 3.10
+    # on a second run without PYTHON=) would point it at that Python and its packages.
+    if ! { { [[ $created == 0 && -x $VENV/bin/python ]] || "$base" -m venv "$VENV"; } \
+        && "$VENV/bin/python" -m pip install --quiet --timeout 30 -e ".[cuda]"; } >"$log" 2>&1; then
         [[ $created == 1 ]] && rm -rf "$VENV"  # nothing half-installed left behind
         echo "gpu_check.sh: error: could not install the package with its cuda extra into" \
             "$VENV (is the package index reachable? pip's log: $log)" >&2
