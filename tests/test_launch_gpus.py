@@ -244,6 +244,25 @@ def test_a_workers_share_is_given_to_tensorflow_with_set_visible_devices(fake_tf
     assert strategy.restrict_to_worker_gpus({WORKER_GPUS: "0"}) is None and fake.calls == []
 
 
+def test_the_default_strategy_computes_on_one_gpu_and_counts_only_it(fake_tf_config, monkeypatch):
+    """One TensorFlow process with 8 GPUs visible and the default strategy trains on the
+    first: it becomes the share, so TensorFlow holds no other GPU and L1 and the energy count
+    one GPU, not 8 (the ranking's accelerators)."""
+    from hpcai500_tf.engine import strategy
+
+    for share, count, after in [(None, 8, "0"), ("2,3", 8, "2"), ("5", 8, "5"),
+                                (None, 1, None), ("9,9", 4, "9,9")]:  # fmt: skip
+        environ = {} if share is None else {WORKER_GPUS: share}
+        strategy.first_gpu_only(environ, count)
+        assert environ.get(WORKER_GPUS) == after, (share, count)
+    monkeypatch.setenv(WORKER_GPUS, "0")  # recorded, so that teardown removes what the
+    monkeypatch.delenv(WORKER_GPUS)  # strategy sets
+    fake = fake_tf_config(8)
+    strategy.make_strategy("default")
+    assert fake.calls == [(["/physical_device:GPU:0"], "GPU")]
+    assert os.environ[WORKER_GPUS] == "0"
+
+
 @pytest.mark.parametrize(
     "share, started, message",
     [

@@ -122,6 +122,22 @@ def test_roofline_places_a_training_record(tf_tiny, tmp_path, monkeypatch):
     assert quick_fp32_roofline(out, "--record", str(path)) == 0
     run = json.loads((out / "roofline.json").read_text())["run"]
     assert run["achieved_flops"] > 0 and run["examples"] == 2 * 256  # its 2 epochs of 256
+    assert (run["devices"], run["per"]) == (1, "node")  # one CPU worker
+    assert run["achieved_flops"] == run["run_flops"]
+
+
+def test_a_run_on_many_gpus_is_placed_per_gpu():
+    """The roofs are one device's: a run of 2 workers x 8 GPUs is placed at its FLOPS / 16;
+    a CPU run at its FLOPS per node; a run that names neither is refused in one line."""
+    gpus = [{"index": i, "model": "H100", "visible": True} for i in range(8)]
+    record = {"layers": {"L1": {"accelerators": gpus, "workers": 2}, "L3": {}, "L5": {}}}
+    assert sweep._devices_of(record) == (16, "GPU")
+    cpu = {"layers": {"L1": {"accelerators": [], "workers": 4},
+                      "L3": {"nodes": ["n1", "n2"]}, "L5": {}}}  # fmt: skip
+    assert sweep._devices_of(cpu) == (2, "node")
+    unsaid = {"layers": {"L1": {"accelerators": [], "workers": 4}, "L3": {}, "L5": {}}}
+    with pytest.raises(UserError, match="does not say on how many nodes"):
+        sweep._devices_of(unsaid)
 
 
 def test_roofline_places_the_reference_model_without_data(tmp_path, monkeypatch):

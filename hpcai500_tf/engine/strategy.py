@@ -33,6 +33,7 @@ def make_strategy(
     name: str, communication: CommunicationConfig | None = None
 ) -> tf.distribute.Strategy:
     if name == "default":
+        first_gpu_only(os.environ, len(tf.config.list_physical_devices("GPU")))
         restrict_to_worker_gpus()
         return tf.distribute.get_strategy()
     if name == "mirrored":
@@ -109,6 +110,21 @@ def check_gpus_seen(resolver, found: str, gpus: list) -> None:
         "TensorFlow with GPU support (pip install 'tensorflow[and-cuda]'), or run the job "
         "without GPUs to train on the CPUs"
     )
+
+
+def first_gpu_only(environ, gpu_count: int) -> None:
+    """The default strategy computes on one GPU, the first of this worker's (its share, or
+    those CUDA makes visible): make that GPU the share, so that TensorFlow holds no other's
+    memory and L1 and the energy count it alone. A share that does not fit is left for
+    `restrict_to_worker_gpus` to refuse."""
+    if gpu_count < 2:
+        return
+    share = environ.get(WORKER_GPUS)
+    positions, _ = (None, None) if share is None else worker_gpu_positions(share, gpu_count)
+    if share is None:
+        environ[WORKER_GPUS] = "0"
+    elif positions and len(positions) > 1:
+        environ[WORKER_GPUS] = str(positions[0])
 
 
 def restrict_to_worker_gpus(environ: Mapping[str, str] | None = None) -> str | None:

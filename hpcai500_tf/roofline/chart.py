@@ -28,9 +28,10 @@ def draw(record: dict, out_stem: Path) -> list[Path]:
         _draw_workload(ax, record["workload"])
     run = record.get("run")
     if run:
+        label = f"training run (record), per {run.get('per', 'device')}"
         ax.scatter(
             [run["operational_intensity"]], [run["achieved_flops"]], marker="D", s=80,
-            color="lime", edgecolor="black", zorder=4, label="training run (record)",
+            color="lime", edgecolor="black", zorder=4, label=label,
         )  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -290,8 +290,25 @@ def workload_points(engine, min_seconds: float, say=print, chain: int = 1) -> di
     }
 
 
+def _devices_of(record: dict) -> tuple[int, str]:
+    """How many of the devices a roofline measures the run computed on: its GPUs (every
+    worker's), else its nodes (a CPU roofline is one node's); refused where it does not say."""
+    from hpcai500_tf.results.scoring import system_facts  # TensorFlow-free, imported late
+
+    facts = system_facts(record)
+    if facts["accelerators"]:
+        return facts["accelerators"], "GPU"
+    if facts["nodes"]:
+        return facts["nodes"], "node"
+    raise UserError(
+        "--record: the record does not say on how many nodes it ran (L3 nodes), so its FLOPS "
+        "cannot be put on one node's roofline"
+    )
+
+
 def record_point(record: dict, engine) -> dict:
-    """A finished training run on the roofline: its own achieved FLOPS and step intensity."""
+    """A finished training run on the roofline: its achieved FLOPS per device (per GPU, or per
+    node on CPUs, as the roofs are one device's) and its step intensity."""
     epochs = record["timeline"]["epochs"]
     if not epochs:
         raise ValueError("the record has no trained epochs")
@@ -301,8 +318,13 @@ def record_point(record: dict, engine) -> dict:
     shapes = workload.layer_shapes(engine.model, 1)
     traffic_per_example = workload.step_traffic_bytes(shapes, itemsize)
     flops_per_example = record["flops"]["per_example_training"]
+    devices, device = _devices_of(record)
+    run_flops = flops_per_example * examples / seconds
     return {
-        "achieved_flops": flops_per_example * examples / seconds,
+        "achieved_flops": run_flops / devices,
+        "run_flops": run_flops,
+        "devices": devices,
+        "per": device,
         "operational_intensity": flops_per_example / traffic_per_example,
         "examples": examples,
         "seconds": seconds,
