@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,42 @@ def test_two_srun_tasks_train_an_ensemble_the_test_recomputes(tmp_path):
     one = throughput.score(path)
     assert one.quality == pytest.approx(quality)
     assert sum(one.summary() in text for text in said) == 1  # said by the last chief alone
+
+
+class _FakeSampler:
+    def __init__(self, boards: int):
+        self.sources = [types.SimpleNamespace(part="GPU board") for _ in range(boards)]
+        self.stopped = False
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("openable, measured", [(4, True), (1, False)])
+def test_a_node_is_sampled_whole_not_as_its_first_tasks_one_gpu(monkeypatch, openable, measured):
+    """Under srun --gpus-per-task=1 the sampling task (SLURM_LOCALID 0) has one GPU in
+    CUDA_VISIBLE_DEVICES: the node's sampler looks past it at every GPU of the node; where a
+    cgroup lets it open only its own (1 of 4), the node's energy is not measured, not one
+    board counted as the node's four."""
+    from hpcai500_tf.run import energy
+
+    seen = {}
+
+    def start(hz):
+        seen["env"] = {k: os.environ.get(k) for k in window_energy.NODE_VIEW_HIDES}
+        seen["sampler"] = _FakeSampler(openable)
+        return seen["sampler"], []
+
+    monkeypatch.setattr(energy, "start_power_sampling", start)
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    sampler, notes = window_energy.node_sampling(10)
+    assert seen["env"] == {"CUDA_VISIBLE_DEVICES": None, "HPCAI500_WORKER_GPUS": None}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"  # the task's own view is put back
+    if measured:
+        assert sampler is seen["sampler"] and notes == []
+    else:
+        assert sampler is None and seen["sampler"].stopped
+        assert notes == ["this task reads 1 of the 4 GPU boards Slurm gave the node: its "
+                         "energy is not measured"]  # fmt: skip

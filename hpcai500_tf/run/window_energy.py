@@ -150,14 +150,32 @@ def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: fl
     return (start, stop), block, warnings
 
 
+NODE_VIEW_HIDES = ("CUDA_VISIBLE_DEVICES", "HPCAI500_WORKER_GPUS")  # a task's own GPUs
+
+
 def node_sampling(hz: float):
     """(sampler, notes) of this node, started, on its first task under srun (SLURM_LOCALID 0)
-    where power is sampled; None on any other task."""
+    where power is sampled; None on any other task. It samples every GPU of the node it can
+    open, not only its task's (srun --gpus-per-task=1 leaves it one); where it can open fewer
+    than Slurm gave the node (a cgroup keeps each task to its own), (None, why): the node's
+    energy is then not measured, rather than one board counted for all."""
     if not hz or os.environ.get("SLURM_LOCALID", "0") != "0":
         return None
+    from hpcai500_tf.cluster.slurm import slurm_node_gpus
     from hpcai500_tf.run.energy import start_power_sampling
 
-    return start_power_sampling(hz)
+    hidden = {name: os.environ.pop(name) for name in NODE_VIEW_HIDES if name in os.environ}
+    try:
+        sampler, notes = start_power_sampling(hz)
+    finally:
+        os.environ.update(hidden)
+    boards = len([s for s in (sampler.sources if sampler else []) if s.part == power.GPU])
+    node_gpus = slurm_node_gpus(os.environ) or 0
+    if sampler is not None and boards < node_gpus:
+        sampler.stop()
+        return None, [*notes, f"this task reads {boards} of the {node_gpus} GPU boards Slurm "
+                      "gave the node: its energy is not measured"]  # fmt: skip
+    return sampler, notes
 
 
 def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz: float) -> None:
@@ -167,7 +185,8 @@ def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz:
     deadline = time.monotonic() + max(own_s, NODE_WAIT_MIN_S)
     while not all(p.exists() for p in note_paths) and _waiting(deadline):
         time.sleep(POLL_S)
-    sampler.stop()
+    if sampler is not None:
+        sampler.stop()
     present = [p for p in note_paths if p.exists()]
     if len(present) < len(note_paths):
         notes = [*notes, f"sampled until {len(present)} of {len(note_paths)} instances had "
