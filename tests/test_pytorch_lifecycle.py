@@ -222,40 +222,9 @@ def test_profile_steps_write_a_torch_profiler_trace(torch_installed, tmp_path):
     assert not list((path.parent / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed, tmp_path):
-    """The warm-up step (before the timed run) is undone whole: weights, optimizer, loss scale
-    and the step the learning-rate schedule reads, which a resume set from its checkpoint."""
-    probe = tmp_path / "probe.py"
-    probe.write_text(
-        "import json, sys\n"
-        "from hpcai500_tf import config\n"
-        "from hpcai500_tf.run.options import RunOptions\n"
-        "from hpcai500_tf.pytorch.train import TorchTrainer\n"
-        "if __name__ == '__main__':  # the feeder process, spawned, imports this file\n"
-        "    sys.modules['tensorflow'] = None\n"
-        "    setup = config.prepare('image_classification', 'tiny', [])\n"
-        "    trainer = TorchTrainer(setup, RunOptions())\n"
-        "    try:\n"
-        "        trainer.step, trainer.updates = 5, 4\n"
-        "        before = [p.detach().clone() for p in trainer.module.parameters()]\n"
-        "        trainer.warm_up(checkpoints=True)\n"
-        "        same = all(bool((a == b.detach()).all())\n"
-        "                   for a, b in zip(before, trainer.module.parameters()))\n"
-        "        print(json.dumps({'step': [trainer.step, trainer.updates], 'same': same}))\n"
-        "    finally:\n"
-        "        trainer.close()\n"
-    )
-    result = subprocess.run(
-        [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"step": [5, 4], "same": True}
-
-
-def test_a_step_skipped_for_an_overflow_does_not_move_the_schedule(torch_installed, tmp_path):
-    """As Keras's schedule follows its inner optimizer's iterations, PyTorch's follows the
-    updates applied: a float16 step whose gradients overflow (GradScaler skips it) trains the
-    next step at the same rate. GradScaler on the CPU stands for CUDA's here."""
+def _tiny_trainer_probe(tmp_path: Path, body: str) -> dict:
+    """`body` (Python, indented 8) run on a tiny TorchTrainer in a process of its own (no
+    TensorFlow), which prints one JSON line last; that line, read."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, sys\n"
@@ -267,7 +236,37 @@ def test_a_step_skipped_for_an_overflow_does_not_move_the_schedule(torch_install
         "    import torch\n"
         "    setup = config.prepare('image_classification', 'tiny', [])\n"
         "    trainer = TorchTrainer(setup, RunOptions())\n"
-        "    try:\n"
+        "    try:\n" + body + "    finally:\n"
+        "        trainer.close()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_warm_up_step_leaves_a_resumed_schedule_where_it_was(torch_installed, tmp_path):
+    """The warm-up step (before the timed run) is undone whole: weights, optimizer, loss scale
+    and the step the learning-rate schedule reads, which a resume set from its checkpoint."""
+    seen = _tiny_trainer_probe(
+        tmp_path,
+        "        trainer.step, trainer.updates = 5, 4\n"
+        "        before = [p.detach().clone() for p in trainer.module.parameters()]\n"
+        "        trainer.warm_up(checkpoints=True)\n"
+        "        same = all(bool((a == b.detach()).all())\n"
+        "                   for a, b in zip(before, trainer.module.parameters()))\n"
+        "        print(json.dumps({'step': [trainer.step, trainer.updates], 'same': same}))\n",
+    )
+    assert seen == {"step": [5, 4], "same": True}
+
+
+def test_a_step_skipped_for_an_overflow_does_not_move_the_schedule(torch_installed, tmp_path):
+    """As Keras's schedule follows its inner optimizer's iterations, PyTorch's follows the
+    updates applied: a float16 step whose gradients overflow (GradScaler skips it) trains the
+    next step at the same rate. GradScaler on the CPU stands for CUDA's here."""
+    seen = _tiny_trainer_probe(
+        tmp_path,
         "        trainer.scaler = torch.amp.GradScaler('cpu', init_scale=2.0**15)\n"
         "        batch, finite = trainer._zero_batch(), trainer.loss_fn\n"
         "        trainer.loss_fn = lambda *a: finite(*a) * float('inf')\n"
@@ -280,15 +279,8 @@ def test_a_step_skipped_for_an_overflow_does_not_move_the_schedule(torch_install
         "            rates.append(trainer.learning_rate())\n"
         "        schedule = [trainer.schedule.rate(k) for k in range(3)]\n"
         "        print(json.dumps({'skipped': skipped, 'rates': rates, 'schedule': schedule,\n"
-        "                          'now': [trainer.step, trainer.updates]}))\n"
-        "    finally:\n"
-        "        trainer.close()\n"
+        "                          'now': [trainer.step, trainer.updates]}))\n",
     )
-    result = subprocess.run(
-        [sys.executable, str(probe)], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["skipped"] == [1, 0, 2.0**14]  # a step taken, no update, the scale halved
     schedule = seen["schedule"]
     assert len(set(schedule)) == 3  # the tiny schedule's first rates differ: the test can fail

@@ -633,13 +633,9 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
         assert f"{node}: task {task}: Exited with exit code 143" in output, output
 
 
-@pytest.mark.slow
-def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_slurm, tmp_path):
-    """The shipped sbatch with a real `hpcai500-tf train` (the tiny preset; the wrapper keeps
-    the sbatch's --resume-or-start RUN_DIR), two tasks: SIGUSR1 to the batch script mid-run
-    (what --signal=B:USR1@300 sends before the time limit) stops both tasks after the same
-    step at a checkpoint, the script requeues the job, and its second start resumes the run
-    to a completed record of two segments."""
+def _segmented_job_past_epoch_1(real_slurm, tmp_path: Path, settings: str) -> str:
+    """The shipped sbatch running a real tiny `train` (`settings` added) in its
+    --resume-or-start RUN_DIR under TMP/out/runs, two tasks, once epoch 1 is evaluated."""
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir()
     out.mkdir()
@@ -647,8 +643,8 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_s
         "#!/bin/sh\n"
         "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
         'while [ $# -gt 0 ]; do [ "$1" = --resume-or-start ] && dir=$2; shift; done\n'
-        f"exec {CLI} train image_classification --preset tiny --set training.epochs=30 "
-        '--set training.checkpoint_every=0 --power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
+        f"exec {CLI} train image_classification --preset tiny {settings} "
+        '--power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
     )
     (bin_dir / "hpcai500-tf").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
@@ -657,6 +653,20 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_s
         "the end of epoch 1", lambda: "eval after epoch 1" in real_slurm.job_output(job), 180,
         lambda: real_slurm.job_output(job) + real_slurm.logs(),
     )  # fmt: skip
+    return job
+
+
+@pytest.mark.slow
+def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_slurm, tmp_path):
+    """The shipped sbatch with a real `hpcai500-tf train` (the tiny preset; the wrapper keeps
+    the sbatch's --resume-or-start RUN_DIR), two tasks: SIGUSR1 to the batch script mid-run
+    (what --signal=B:USR1@300 sends before the time limit) stops both tasks after the same
+    step at a checkpoint, the script requeues the job, and its second start resumes the run
+    to a completed record of two segments."""
+    out = tmp_path / "out"
+    job = _segmented_job_past_epoch_1(
+        real_slurm, tmp_path, "--set training.epochs=30 --set training.checkpoint_every=0"
+    )
     real_slurm.on("node9", "scancel", "--signal=USR1", "--batch", job)
     state, code = real_slurm.finished(job, limit_s=600)
     output = real_slurm.job_output(job)
@@ -674,23 +684,8 @@ def test_a_job_cancelled_after_its_warning_is_not_requeued(real_slurm, tmp_path)
     """scancel in the minutes between Slurm's warning (SIGUSR1) and the time limit: the run
     stops at its checkpoint as for any scancel, and the job is not requeued (a person or the
     scheduler ended it; only the time limit's stop is continued)."""
-    bin_dir, out = tmp_path / "bin", tmp_path / "out"
-    bin_dir.mkdir()
-    out.mkdir()
-    (bin_dir / "hpcai500-tf").write_text(
-        "#!/bin/sh\n"
-        "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
-        'while [ $# -gt 0 ]; do [ "$1" = --resume-or-start ] && dir=$2; shift; done\n'
-        f"exec {CLI} train image_classification --preset tiny --set training.epochs=200 "
-        '--power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
-    )
-    (bin_dir / "hpcai500-tf").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
-    job = real_slurm.sbatch(*JOB, str(SBATCH), "/data", str(out / "runs"), env=env)
-    _wait_for(
-        "the end of epoch 1", lambda: "eval after epoch 1" in real_slurm.job_output(job), 180,
-        lambda: real_slurm.job_output(job) + real_slurm.logs(),
-    )  # fmt: skip
+    out = tmp_path / "out"
+    job = _segmented_job_past_epoch_1(real_slurm, tmp_path, "--set training.epochs=200")
     real_slurm.on("node9", "scancel", "--signal=USR1", "--batch", job)
     time.sleep(0.3)  # the warning taken: the script passed it to srun
     real_slurm.on("node9", "scancel", job)
