@@ -518,7 +518,7 @@ def test_a_run_measured_by_rapl_and_a_meter_log(tmp_path, powercap, monkeypatch)
     from hpcai500_tf.engine import run
     from hpcai500_tf.run import energy as run_energy
 
-    monkeypatch.setattr(run_energy, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    monkeypatch.setattr(run_energy, "discover", lambda **_: discover(FakeNVMLMissing(), powercap))
     now = time.time()
     meter = _log(tmp_path, "".join(f"{now - 30 + t},{300 + t % 2}\n" for t in range(600)))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=1"])
@@ -551,7 +551,7 @@ def test_a_resumed_run_measures_energy_over_both_segments(tmp_path, powercap, mo
 
     from .test_train import StopBeforeEpoch
 
-    monkeypatch.setattr(run_energy, "discover", lambda: discover(FakeNVMLMissing(), powercap))
+    monkeypatch.setattr(run_energy, "discover", lambda **_: discover(FakeNVMLMissing(), powercap))
     setup = config.prepare("image_classification", "tiny", ["training.epochs=3"])
     fake_rapl_counter(monkeypatch, powercap, watts=40.0)
     stopped, path = run.run_benchmark(setup, None, tmp_path, view=[StopBeforeEpoch(3)], power_hz=20)
@@ -725,7 +725,7 @@ def _timed(tmp_path, monkeypatch, rank: int, workers: int, ending=None):
     start = time.time()
     package = Source("rapl:package-0", "CPU package", "counter", "fake RAPL",
                      read_value=lambda: 50.0 * (time.time() - start))  # fmt: skip
-    monkeypatch.setattr(run_energy, "discover", lambda: ([package], []))
+    monkeypatch.setattr(run_energy, "discover", lambda **_: ([package], []))
     monkeypatch.setattr(lifecycle, "train_epochs", _one_segment(ending))
     trainer = SimpleNamespace(workers=workers, rank=rank, explain=lambda error: None)
     bench = lifecycle.Run(None, trainer, RunDirectory(tmp_path), False, progress.Progress("x"),

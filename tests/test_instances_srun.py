@@ -350,8 +350,8 @@ def test_a_node_is_sampled_whole_not_as_its_first_tasks_one_gpu(monkeypatch, ope
 
     seen = {}
 
-    def start(hz):
-        seen["env"] = {k: os.environ.get(k) for k in window_energy.NODE_VIEW_HIDES}
+    def start(hz, environ):
+        seen["env"] = {k: environ.get(k) for k in window_energy.NODE_VIEW_HIDES}
         seen["sampler"] = _FakeSampler(openable)
         return seen["sampler"], []
 

@@ -71,7 +71,7 @@ def _uuid(nvml, handle) -> str:
         return ""  # names no GPU of CUDA_VISIBLE_DEVICES, which CUDA then ignores too
 
 
-def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
+def nvml_sources(nvml=None, environ=None) -> tuple[list[Source], str | None]:
     """One source per GPU this run computes on: those CUDA_VISIBLE_DEVICES names (indices or
     GPU UUIDs, read as CUDA reads them), every GPU when it is unset, narrowed to this worker's
     share where HPCAI500_WORKER_GPUS is set (`--workers N`). The note names the GPUs left
@@ -103,7 +103,8 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
         except nvml.NVMLError as error:  # NoPermission: a cgroup keeps this task to others
             denied.append((index, error))
     uuids = [_uuid(nvml, handle) for _, handle, _ in opened]
-    chosen, problem = computing_gpus(os.environ, uuids)  # positions in `opened`: CUDA's order
+    environ = os.environ if environ is None else environ  # the view of the GPUs: the process's
+    chosen, problem = computing_gpus(environ, uuids)  # positions in `opened`: CUDA's order
     skipped = unreadable_gpus_note(denied)
     if chosen is None or not opened:
         return [], "; ".join(filter(None, (skipped, problem))) or None
@@ -115,10 +116,9 @@ def nvml_sources(nvml=None) -> tuple[list[Source], str | None]:
     notes = [note for note in (skipped, problem) if note]
     if left_out:
         # a worker's share: the other workers count the rest (the chief gathers them)
-        whose = "this worker computes on" if WORKER_GPUS in os.environ else "this run uses"
+        whose = "this worker computes on" if WORKER_GPUS in environ else "this run uses"
         notes.append(
-            f"{', '.join(left_out)} left out: not among the GPUs {whose} "
-            f"({gpu_selection(os.environ)})"
+            f"{', '.join(left_out)} left out: not among the GPUs {whose} ({gpu_selection(environ)})"
         )
     return sources, "; ".join(notes) or None
 
@@ -182,9 +182,12 @@ def rapl_sources(root: Path = POWERCAP_ROOT) -> tuple[list[Source], str | None]:
     return [], f"no RAPL package zone under {root}"
 
 
-def discover(nvml=None, powercap_root: Path | None = None) -> tuple[list[Source], list[str]]:
-    """All sources here, and a note for each kind that is missing."""
-    gpus, gpu_note = nvml_sources(nvml)
+def discover(
+    nvml=None, powercap_root: Path | None = None, environ=None
+) -> tuple[list[Source], list[str]]:
+    """All sources here, and a note for each kind that is missing; GPUs as `environ` (default
+    this process's) chooses them."""
+    gpus, gpu_note = nvml_sources(nvml, environ)
     cpus, cpu_note = rapl_sources(powercap_root or POWERCAP_ROOT)
     notes = [f"GPU boards: {gpu_note}"] if gpu_note else []
     if not gpus and amd_gpus()[0]:  # AMD GPUs here: their power is not read yet

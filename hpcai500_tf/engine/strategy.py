@@ -120,10 +120,11 @@ def first_gpu_only(environ, gpu_count: int) -> None:
     if gpu_count < 2:
         return
     share = environ.get(WORKER_GPUS)
-    positions, _ = (None, None) if share is None else worker_gpu_positions(share, gpu_count)
     if share is None:
         environ[WORKER_GPUS] = "0"
-    elif positions and len(positions) > 1:
+        return
+    positions, _ = worker_gpu_positions(share, gpu_count)
+    if positions and len(positions) > 1:
         environ[WORKER_GPUS] = str(positions[0])
 
 

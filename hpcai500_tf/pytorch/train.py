@@ -419,14 +419,14 @@ class TorchTrainer(Trainer):
         (a checkpoint is a torch.save: nothing of it to warm up)."""
         model_state = copy.deepcopy(self.module.state_dict())
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
-        step, scaler_state = (self.step, self.updates), copy.deepcopy(self.scaler.state_dict())
+        position, scaler_state = (self.step, self.updates), copy.deepcopy(self.scaler.state_dict())
         # The step the run takes: on several workers, the one carrying a stop vote.
         float(self.train_step(self._zero_batch(), 0 if self.workers > 1 else None).detach())
         self.votes.clear()
         self.module.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
         self.scaler.load_state_dict(scaler_state)
-        self.step, self.updates = step  # a resumed run's schedule goes on from its checkpoint
+        self.step, self.updates = position  # a resumed run's schedule goes on from its checkpoint
 
     def count_flops(self) -> dict:
         from torch.utils.flop_counter import FlopCounterMode

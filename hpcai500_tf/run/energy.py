@@ -16,11 +16,14 @@ from hpcai500_tf.run.status import Terminated
 MIN_AVERAGE_WATTS = 1e-3  # an average power below this is a sensor or a log out of range
 
 
-def start_power_sampling(hz: float, view=None) -> tuple[power.PowerSampler | None, list[str]]:
-    """Every power source here, sampled at `hz` (0: off); notes say what is missing and why."""
+def start_power_sampling(
+    hz: float, view=None, environ=None
+) -> tuple[power.PowerSampler | None, list[str]]:
+    """Every power source here, sampled at `hz` (0: off), its GPUs those `environ` (default
+    this process's) chooses; notes say what is missing and why."""
     if hz == 0:
         return None, ["power sampling was switched off (--power-hz 0)"]
-    sources, notes = discover()
+    sources, notes = discover(environ=environ)
     if view:
         names = ", ".join(s.name for s in sources) or "none"
         view.message(f"power sources: {names}" + (f" at {hz:g} Hz" if sources else ""))

@@ -473,10 +473,8 @@ def finish(one: Run, outcome: Outcome, options: RunOptions) -> tuple[dict | None
     one.observers.on_record(artifacts, one.warnings)
     if not (one.finished and '"key": "run_stop"' in _tail(run_dir.mlperf_log)):
         status = "success" if outcome.status == "completed" else "aborted"
-        progress = one.progress  # the timed run's end, as the record's timeline says
-        at = None
-        if progress.segments and progress.run_start is not None:
-            at = max(progress.segments[-1]["stop"] * 1000, int(progress.run_start * 1000) + 1)
+        run_start, run_stop = one.progress.timed_span()  # as the record's timeline says
+        at = max(run_stop * 1000, int(run_start * 1000) + 1)  # the log's whole ms: after
         one.mllog.end("run_stop", metadata={"status": status}, time_ms=at)
     one.mllog.close()
     _trace_artifacts(one, artifacts)

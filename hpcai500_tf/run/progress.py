@@ -31,6 +31,14 @@ class Progress:
     batches_done: int = 0  # batches done in epoch epochs_done + 1 (a stop mid-epoch)
     epoch_seconds_done: float = 0.0  # the training seconds those batches took
 
+    def timed_span(self) -> tuple[float, float]:
+        """(run_start, run_stop) of the timed run: its start (else the init's), and the end of
+        its last segment (else now), kept after the start. The record's timeline and the
+        MLPerf log's run_stop both read it."""
+        start = self.run_start or self.init_start
+        stop = self.segments[-1]["stop"] if self.segments else time.time()
+        return start, max(stop, start + 1e-6)
+
     def elapsed(self, now: float | None = None, open_segment: float | None = None) -> float:
         closed = sum(s["stop"] - s["start"] for s in self.segments)
         return closed + ((now or time.time()) - open_segment if open_segment else 0.0)

@@ -3,8 +3,6 @@ checks are hpcai500_tf/record.py and results/record_builder.py)."""
 
 from __future__ import annotations
 
-import time
-
 from hpcai500_tf.config import Setup
 from hpcai500_tf.results.record_builder import build_record
 from hpcai500_tf.run.progress import Progress
@@ -23,8 +21,7 @@ def make_record(
     framework: str = "tensorflow",
 ) -> dict:
     """The record of a finished (or stopped) run, from any framework's runner."""
-    run_start = progress.run_start or progress.init_start
-    run_stop = progress.segments[-1]["stop"] if progress.segments else time.time()
+    run_start, run_stop = progress.timed_span()
     return build_record(
         setup.benchmark,
         preset=setup.preset,
@@ -36,7 +33,7 @@ def make_record(
         timeline={
             "init_start": progress.init_start,
             "run_start": run_start,
-            "run_stop": max(run_stop, run_start + 1e-6),
+            "run_stop": run_stop,
             "segments": progress.segments,
             "epochs": progress.epochs,
         },

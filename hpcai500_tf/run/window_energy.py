@@ -164,11 +164,8 @@ def node_sampling(hz: float):
     from hpcai500_tf.cluster.slurm import slurm_node_gpus
     from hpcai500_tf.run.energy import start_power_sampling
 
-    hidden = {name: os.environ.pop(name) for name in NODE_VIEW_HIDES if name in os.environ}
-    try:
-        sampler, notes = start_power_sampling(hz)
-    finally:
-        os.environ.update(hidden)
+    node_view = {k: v for k, v in os.environ.items() if k not in NODE_VIEW_HIDES}
+    sampler, notes = start_power_sampling(hz, environ=node_view)
     boards = len([s for s in (sampler.sources if sampler else []) if s.part == power.GPU])
     node_gpus = slurm_node_gpus(os.environ) or 0
     if sampler is not None and boards < node_gpus:
