@@ -152,6 +152,31 @@ def test_a_damaged_pytorch_checkpoint_is_refused_before_torch_or_the_data_proces
     assert line.startswith(f"hpcai500-tf: error: {checkpoint}: the checkpoint is damaged ("), line
 
 
+def test_a_checkpoint_with_more_updates_than_steps_is_refused_whole(
+    torch_installed, stopped_run, tmp_path
+):
+    """The schedule's position (updates) cannot pass the steps taken: such a checkpoint was
+    not written by this trainer, and resuming it would train at a rate from later in the run."""
+    import torch
+
+    run_dir = copy_run(stopped_run, tmp_path)
+    checkpoint = run_dir / "checkpoints" / "ckpt-2.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["updates"] == state["step"] > 0  # fp32 on the CPU skips no step
+    state["updates"] = state["step"] + 1
+    torch.save(state, checkpoint)
+    before = (run_dir / "record.json").read_bytes()
+    result = train("--resume", str(run_dir), "--power-hz", "0")
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    step = state["step"]
+    assert line == (
+        f"hpcai500-tf: error: {checkpoint}: holds {step + 1} updates applied in {step} steps: "
+        "resume refused"
+    )
+    assert (run_dir / "record.json").read_bytes() == before
+
+
 def test_resuming_with_the_other_framework_is_one_line(torch_installed, stopped_run, tmp_path):
     run_dir = copy_run(stopped_run, tmp_path)
     result = train("--resume", str(run_dir), "--framework", "tensorflow")
