@@ -115,6 +115,11 @@ def test_a_slurm_layout_that_does_not_match_is_refused(step, words):
             "--instances 2 does not match the Slurm step: its 3 node(s)",
         ),
         (["--instances", "2", "--resume", "x"], {}, "--instances starts new runs"),
+        (
+            ["--instances", "2", "--meter-log", "meter.csv"],
+            _step("n[1-2]", "1(x2)", 2, 0),
+            "--meter-log: one node meter's log cannot stand for the 2 instances' nodes",
+        ),
     ],
 )
 def test_bad_input_is_one_line_before_any_training(tmp_path, capsys, monkeypatch, extra, environ,
@@ -354,6 +359,27 @@ def test_the_window_energy_is_the_machine_sampled_once_over_the_window(tmp_path)
     assert stop == pytest.approx(ended, abs=1e-3)
     assert energy["measured"] and energy["average_watts"] == pytest.approx(250.0)
     assert energy["joules"] == pytest.approx(250.0 * (ended - began), rel=0.05)
+
+
+def test_the_machines_meter_log_is_read_over_the_window_once(tmp_path):
+    """On one machine a node meter log (--meter-log) is the machine's: read over the window
+    beside what was sampled, once, never once per instance; one that cannot be read leaves the
+    window not measured, saying why."""
+    from hpcai500_tf.run import window_energy
+
+    began = 1_000_000.0
+    meter = tmp_path / "meter.csv"
+    readings = "".join(f"{began + t},{300 + t}\n" for t in range(-5, 40))
+    meter.write_text("timestamp,watts\n" + readings)
+    windows = [(began, began + 20), (began + 10, began + 30)]
+    members = member_notes(tmp_path, windows, ["h", "h"])
+    (start, stop), energy, _ = window_energy.sampled(tmp_path, members, None, [], 0, str(meter))
+    assert (start, stop) == (began, began + 30)
+    assert energy["measured"] and energy["meter_log"] == str(meter)
+    assert energy["joules"] == pytest.approx(sum(300 + t + 0.5 for t in range(30)))
+    meter.write_text("no readings here\n")
+    _, energy, warnings = window_energy.sampled(tmp_path, members, None, [], 0, str(meter))
+    assert not energy["measured"] and "meter log not used" in energy["reason"]
 
 
 def test_an_instance_of_several_workers_is_a_workers_run_of_its_own(tmp_path):

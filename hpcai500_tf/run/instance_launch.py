@@ -115,7 +115,14 @@ def train(args) -> int:
     if cluster.under_slurm():
         if args.workers is not None:
             raise UserError("--workers is for one machine: under srun the step's tasks are")
-        return run_slurm_task(args, setup, plans.slurm_group(args.instances, os.environ))
+        group = plans.slurm_group(args.instances, os.environ)
+        if args.meter_log and group.instances > 1:
+            raise UserError(
+                f"--meter-log: one node meter's log cannot stand for the {group.instances} "
+                "instances' nodes under srun (each would count it as its own); leave it out "
+                "(--power-hz samples each node)"
+            )
+        return run_slurm_task(args, setup, group)
     gpus = cluster.visible_gpus()  # each instance gets its share as CUDA_VISIBLE_DEVICES
     plan = plans.local_plan(args.instances, args.workers, gpus, os.environ)
     if plan.workers_per_instance > 1:
@@ -194,7 +201,7 @@ def run_local(args, setup, plan: plans.LocalPlan) -> int:
     data = _record(setup, plan.instances, plan.workers_per_instance, members, "local", stop)
     ensemble.mark(data, args)
     window, data["energy"], more = window_energy.sampled(
-        parent, data["members"], sampler, notes, args.power_hz
+        parent, data["members"], sampler, notes, args.power_hz, args.meter_log
     )
     data["window"] = dict(zip(("start", "stop"), window, strict=True))
     data["warnings"] += more
@@ -327,7 +334,7 @@ def run_slurm_task(args, setup, group: plans.SlurmGroup) -> int:
         f"(task {group.index_in_group} of {group.tasks_per_instance}; seed {seed})",
         flush=True,
     )
-    # this node's energy over the window (a meter log is read by the members' records)
+    # this node's energy over the window (one instance's meter log: read by its record)
     sampling = None if args.meter_log else window_energy.node_sampling(args.power_hz)
     started = time.monotonic()
     code, stopped_by = slurm_task.run_instance(command, env)  # a scancel leaves the task here

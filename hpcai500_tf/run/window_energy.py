@@ -22,6 +22,11 @@ falls back to the members' records above, saying so. A node waits for the others
 most as long again as its own instance's timed run (at least NODE_WAIT_MIN_S), so that an
 instance whose task was lost cannot keep the step's other tasks alive: past that, its block
 ends where it stopped and the window's coverage says so.
+
+On one machine (the local form) the process that starts the instances samples the machine
+over the window, and reads the machine's node meter log (--meter-log) over it (`sampled`).
+Under srun a meter log is refused for more than one instance: it is one node's, and each
+instance's record would count it as its own nodes'.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.energy import sampler as power
+from hpcai500_tf.energy.meter_log import read_meter_log
+from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import throughput
 
 METHOD = (
@@ -136,18 +143,31 @@ def _added(blocks: list[tuple], window_s: float, method: str = METHOD) -> tuple[
 # ----------------------------------------------------------------------------- sampled
 
 
-def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: float):
+def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: float,
+            meter_log: str | None = None):  # fmt: skip
     """The window from the members' MLPerf logs, and the energy `sampler` (of this machine or
-    node, running since before the window) measured over it: ((start, stop), block, warnings)."""
+    node, running since before the window) measured over it, with this machine's node meter
+    log (`meter_log`) read over it where one was given: ((start, stop), block, warnings)."""
     seen = [throughput.read_member(parent, m) for m in members]
     start, stop = throughput.member_window(seen)
     if start is None or stop is None or not stop > start:
         return (start, stop), record_io.energy_not_measured("no window: no instance ran"), []
-    if sampler is None or not sampler.sources:
-        why = "; ".join(notes) or "no power source here"
+    measurements = sampler.measure([(start, stop)]) if sampler is not None else []
+    warnings = []
+    if meter_log:
+        try:
+            readings, warnings = read_meter_log(meter_log)
+        except UserError as error:
+            warnings = [f"meter log not used: {error}"]
+        else:
+            measurements.append(power.meter_measurement(readings, [(start, stop)], meter_log))
+    if not measurements:
+        why = "; ".join([*notes, *warnings]) or "no power source here"
         return (start, stop), record_io.energy_not_measured(why, interval_s=stop - start), []
-    block, warnings = power.energy_block(sampler.measure([(start, stop)]), notes, stop - start, hz)
-    return (start, stop), block, warnings
+    block, more = power.energy_block(measurements, notes, stop - start, hz or None)
+    if meter_log:
+        block["meter_log"] = str(meter_log)
+    return (start, stop), block, warnings + more
 
 
 NODE_VIEW_HIDES = ("CUDA_VISIBLE_DEVICES", "HPCAI500_WORKER_GPUS")  # a task's own GPUs
