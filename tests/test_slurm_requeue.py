@@ -59,7 +59,8 @@ def test_a_job_sigterm_reached_is_never_requeued(warned, status):
     stops at its checkpoint as for the warning (tests/test_real_slurm.py runs it on Slurm)."""
     decision = _shell(f'requeue_decision {warned} "{status}" 1 20 1 1')
     assert decision.startswith("cancelled: SIGTERM came"), decision
-    assert decision.endswith("set to this run's directory"), decision
+    assert "submit again with RUN_DIR set to this run's directory" in decision, decision
+    assert decision.endswith("Slurm starts this job again itself and that start resumes it)")
     ended = _shell(f'requeue_decision {warned} "completed" 1 20 1 1')
     assert ended.endswith("the run completed"), ended
     assert _shell(f'requeue_decision {warned} "{status}" 1 20 1 0') == (
