@@ -246,6 +246,25 @@ def test_a_machine_that_cannot_build_the_ops_keeps_tensorflows(monkeypatch, tmp_
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "taken"),
+    [
+        ({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, True),  # Sapphire Rapids
+        ({"avx2", "avx512f", "avx512_bf16"}, True),  # AMD Zen 4
+        ({"avx2", "avx512f", "avx512_vnni"}, False),  # AVX-512 without BF16: not measured
+        ({"avx2", "fma"}, False),  # AMD Zen 3
+    ],
+)
+def test_auto_takes_the_native_batch_norm_only_where_it_was_measured_faster(
+    monkeypatch, flags, taken
+):
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(native, "unavailable", lambda: None)
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [])
+    assert kernels.resolve("auto") == ("cpu-native-batch-norm" if taken else "cpu-workarounds")
+    assert kernels.resolve("auto", xla=True) == "cpu-workarounds"
+
+
 def test_xla_refuses_the_native_batch_norm_in_one_line():
     with pytest.raises(UserError, match="XLA compiles no custom op") as error:
         kernels.resolve("cpu-native-batch-norm", xla=True)

@@ -10,8 +10,9 @@ The config key `model.kernels` chooses:
   float32 statistics (what TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT tunes). The other CPU
   workarounds were measured on CPU only;
 - "cpu-native-batch-norm": the CPU workarounds with the project's own batch-norm kernel
-  (`NativeBatchNorm`, models/native.py), which "auto" takes on a CPU with AMX where the
-  kernel builds (`native_batch_norm_favoured`); not with XLA, which compiles no custom op;
+  (`NativeBatchNorm`, models/native.py), which "auto" takes on a CPU with AMX or AVX-512
+  BF16 where the kernel builds (`native_batch_norm_favoured`); not with XLA, which compiles
+  no custom op;
 - "stock": plain `keras.layers.Conv2D`, `BatchNormalization` and `ReLU`.
 
 The CPU workarounds, each with the measurements that justify it (on this project's CPU):
@@ -67,15 +68,16 @@ from hpcai500_tf.models import native
 from hpcai500_tf.models.kernel_choices import KERNEL_CHOICES
 
 AUTO, STOCK, CPU_WORKAROUNDS, NATIVE_BATCH_NORM, GPU_FUSED_BATCH_NORM = KERNEL_CHOICES
-# The CPU feature where the native batch norm was measured to speed up the whole train step
-# (docs/performance.md); elsewhere "auto" keeps the CPU workarounds' FusedBatchNormV3.
-NATIVE_BATCH_NORM_MEASURED_ON = "amx_bf16"
+# The CPU features where the native batch norm was measured to speed up the whole train step
+# (docs/performance.md: AMX Xeons; AVX-512 BF16 without AMX on AMD Zen 4, where its AVX-512
+# loops run too); elsewhere (AVX2, AVX-512 without BF16) "auto" keeps FusedBatchNormV3.
+NATIVE_BATCH_NORM_MEASURED_ON = ("amx_bf16", "avx512_bf16")
 
 
 def native_batch_norm_favoured(flags: set[str], xla: bool) -> bool:
     """Whether "auto" takes the native batch norm on a CPU with `flags` (without XLA; the
     kernel must still build)."""
-    return NATIVE_BATCH_NORM_MEASURED_ON in flags and not xla
+    return not xla and any(flag in flags for flag in NATIVE_BATCH_NORM_MEASURED_ON)
 
 
 def resolve(choice: str, xla: bool = False) -> str:
