@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcai500_tf.cluster import local_workers, slurm
+from hpcai500_tf.cluster import workers as cluster_workers
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.pytorch import distributed
 from hpcai500_tf.pytorch.distributed import Workers, workers_from_environment
@@ -76,6 +77,14 @@ def test_slurm_tasks_find_rank_0_on_the_first_node_and_agree_on_a_port():
     assert (given.master_addr, given.master_port) == ("head", 23456)
     based = {**SLURM, "HPCAI500_SLURM_PORT_BASE": "31000"}
     assert workers_from_environment(based).master_port == 31000
+    # More tasks on a node than a job id's slot of ports holds: a PyTorch worker listens on
+    # none but rank 0's one port (TensorFlow's gRPC servers each on their own are refused).
+    many = {**SLURM, "SLURM_STEP_NUM_TASKS": "64", "SLURM_NTASKS": "64", "SLURM_PROCID": "40"}
+    many |= {"SLURM_STEP_NODELIST": "node[03-04]", "SLURM_STEP_TASKS_PER_NODE": "32(x2)"}
+    many["SLURM_LOCALID"] = "8"
+    assert workers_from_environment(many) == Workers(64, 40, 8, "node03", port, "slurm")
+    with pytest.raises(UserError, match="runs 32 tasks, more than the 16 ports"):
+        cluster_workers.slurm_cluster(many)
     # RANK wins over Slurm's variables (torchrun started inside an allocation).
     assert workers_from_environment({**SLURM, **TORCHRUN}).source == "torchrun"
 

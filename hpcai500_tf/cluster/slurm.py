@@ -227,9 +227,13 @@ class PortPlan:
         return f"{self.source}={self.setting} + SLURM_LOCALID {local}"
 
 
-def port_plan(environ: Mapping[str, str], tasks_on_node: int) -> PortPlan:
+def port_plan(
+    environ: Mapping[str, str], tasks_on_node: int, listening: int | None = None
+) -> PortPlan:
     """The ports of a node's `tasks_on_node` tasks: from HPCAI500_SLURM_PORT_BASE where the user
-    sets it, else Slurm's reserved ports (SLURM_STEP_RESV_PORTS), else from SLURM_JOB_ID."""
+    sets it, else Slurm's reserved ports (SLURM_STEP_RESV_PORTS), else from SLURM_JOB_ID.
+    `listening`: how many of them listen on theirs (None: all, TensorFlow's gRPC servers;
+    PyTorch's workers dial local task 0's alone), which must fit in a job id's slot."""
     base_text = environ.get("HPCAI500_SLURM_PORT_BASE") or None
     reserved = environ.get("SLURM_STEP_RESV_PORTS")
     if base_text is None and reserved:
@@ -251,7 +255,8 @@ def port_plan(environ: Mapping[str, str], tasks_on_node: int) -> PortPlan:
     else:
         source, setting = "SLURM_JOB_ID", _required(environ, "SLURM_JOB_ID")
         job = whole_number(setting, source, 0, 2**32 - 1, "run the tasks with srun, which sets it")
-        if tasks_on_node > PORT_STRIDE:  # would take the next job id's ports on a shared node
+        listening = tasks_on_node if listening is None else listening
+        if listening > PORT_STRIDE:  # would take the next job id's ports on a shared node
             raise UserError(
                 f"a node runs {tasks_on_node} tasks, more than the {PORT_STRIDE} ports a job's "
                 f"slot from SLURM_JOB_ID holds: ask srun for --resv-ports={tasks_on_node}, or "
@@ -581,10 +586,12 @@ class SlurmCluster:
         environ: Mapping[str, str],
         visible_gpus: list[str],
         node_gpus: int,
+        listening: int | None = None,
     ) -> SlurmCluster:
         """The cluster of the step this task belongs to, checked before anything waits.
         `visible_gpus` are the GPUs this process may use (cluster.visible_gpus), `node_gpus`
-        the node's GPU count."""
+        the node's GPU count, `listening` how many of a node's tasks listen on a port
+        (`port_plan`)."""
         nodes_var = _first_set(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
         counts_var = _first_set(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
         total_var = "SLURM_STEP_NUM_TASKS"  # the tasks of this step: never the job's
@@ -609,7 +616,7 @@ class SlurmCluster:
         local = index - sum(counts[:node])
         host = nodes[node]
         _check_placement(environ, index, host, local, nodes_var, counts_var)
-        ports = port_plan(environ, max(counts))
+        ports = port_plan(environ, max(counts), listening)
         addresses = tuple(
             f"{name}:{ports.ports[i]}"
             for name, count in zip(nodes, counts, strict=True)

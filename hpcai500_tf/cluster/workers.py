@@ -220,13 +220,17 @@ def resolve_collective(requested: str, gpus: list) -> str:
 
 
 def slurm_cluster(
-    environ: Mapping[str, str] | None = None, node_gpus: int | None = None
+    environ: Mapping[str, str] | None = None,
+    node_gpus: int | None = None,
+    listening: int | None = None,
 ) -> SlurmCluster:
     """This Slurm task's cluster, GPUs and CPUs, checked; `node_gpus` is the node's GPU count
-    (looked up when None)."""
+    (looked up when None); `listening` how many of a node's tasks listen on a port (None:
+    all)."""
     environ = os.environ if environ is None else environ
     node_gpus = gpus_on_node(environ) if node_gpus is None else node_gpus
-    return SlurmCluster.from_environment(environ, visible_gpus(environ, node_gpus), node_gpus)
+    visible = visible_gpus(environ, node_gpus)
+    return SlurmCluster.from_environment(environ, visible, node_gpus, listening)
 
 
 def slurm_gpu_variables(

@@ -120,7 +120,7 @@ def _from_slurm(env: Mapping[str, str]) -> Workers:
         raise UserError(f"SLURM_LOCALID is not set: {fix}")
     from hpcai500_tf.cluster import workers as cluster_workers  # no framework there
 
-    task = cluster_workers.slurm_cluster(env)
+    task = cluster_workers.slurm_cluster(env, listening=1)  # rank 0's store: one port
     if len(task.gpus) > 1:  # the devices this worker takes: one (init_process_group)
         raise UserError(
             f"this Slurm task has {len(task.gpus)} GPUs ({task.gpu_layout}) but a PyTorch "
