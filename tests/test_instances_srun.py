@@ -368,3 +368,38 @@ def test_a_node_is_sampled_whole_not_as_its_first_tasks_one_gpu(monkeypatch, ope
         assert sampler is None and seen["sampler"].stopped
         assert notes == ["this task reads 1 of the 4 GPU boards Slurm gave the node: its "
                          "energy is not measured"]  # fmt: skip
+
+
+@pytest.mark.parametrize("listed", ["4,5,6,7", None])
+def test_a_shared_nodes_sampler_reads_the_jobs_boards_alone(monkeypatch, listed):
+    """On a node shared with other jobs, where no device cgroup keeps a task to its own
+    boards, NVML opens all 8: the node's sampler reads the 4 Slurm lists as the job's, or,
+    without that list, measures nothing rather than the other jobs' boards too."""
+    from hpcai500_tf.run import energy
+
+    views, samplers = [], []
+
+    def start(hz, environ):
+        views.append(environ.get("CUDA_VISIBLE_DEVICES"))
+        chosen = environ.get("CUDA_VISIBLE_DEVICES")
+        samplers.append(_FakeSampler(8 if chosen is None else len(chosen.split(","))))
+        return samplers[-1], []
+
+    monkeypatch.setattr(energy, "start_power_sampling", start)
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")  # the task's own (--gpus-per-task=1)
+    monkeypatch.delenv("SLURM_STEP_GPUS", raising=False)
+    if listed:
+        monkeypatch.setenv("SLURM_JOB_GPUS", listed)
+    else:
+        monkeypatch.delenv("SLURM_JOB_GPUS", raising=False)
+    sampler, notes = window_energy.node_sampling(10)
+    assert samplers[0].stopped  # the whole node's 8 boards: never sampled on
+    if listed:
+        assert views == [None, "4,5,6,7"] and sampler is samplers[1] and notes == []
+    else:
+        assert views == [None] and sampler is None
+        assert notes == ["this task reads 8 GPU boards, more than the 4 Slurm gave the job "
+                         "here, and Slurm's list of them does not single them out: its energy "
+                         "is not measured"]  # fmt: skip

@@ -463,13 +463,20 @@ def gpu_binding(environ: Mapping[str, str]) -> str | None:
 
 def slurm_node_gpus(environ: Mapping[str, str]) -> int | None:
     """The GPUs Slurm gave this job on this node: SLURM_GPUS_ON_NODE, else the length of
-    SLURM_JOB_GPUS or SLURM_STEP_GPUS (`0,1,2,3`; the job's first: a task of srun
-    --gpus-per-task=1 has only its own GPU in SLURM_STEP_GPUS, Slurm 22.05 on
-    tests/test_real_slurm.py); None where Slurm says nothing. A task that
+    its list (`slurm_node_gpu_ids`); None where Slurm says nothing. A task that
     Slurm's cgroup keeps to its own GPU cannot count the node's through NVML, which then lists
     the node's GPUs but opens only its own."""
     if environ.get("SLURM_GPUS_ON_NODE", "").strip():
         return _integer(environ, "SLURM_GPUS_ON_NODE", 0, MAX_NODE_GPUS)
+    listed = slurm_node_gpu_ids(environ)
+    return None if listed is None else len(listed)
+
+
+def slurm_node_gpu_ids(environ: Mapping[str, str]) -> list[str] | None:
+    """The IDs of the GPUs Slurm gave this job on this node: SLURM_JOB_GPUS, else
+    SLURM_STEP_GPUS (`4,5,6,7`; the job's first: a task of srun --gpus-per-task=1 has only
+    its own GPU in SLURM_STEP_GPUS, Slurm 22.05 on tests/test_real_slurm.py); None where
+    Slurm lists none."""
     for name in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
         listed = environ.get(name, "").strip()
         if listed:
@@ -479,7 +486,7 @@ def slurm_node_gpus(environ: Mapping[str, str]) -> int | None:
                     f"{name}={shown(listed)} is not a list of at most {MAX_NODE_GPUS} GPUs: "
                     "run the tasks with srun, which sets it"
                 )
-            return len(entries)
+            return [entry.strip() for entry in entries]
     return None
 
 

@@ -176,23 +176,47 @@ NODE_VIEW_HIDES = ("CUDA_VISIBLE_DEVICES", "HPCAI500_WORKER_GPUS")  # a task's o
 def node_sampling(hz: float):
     """(sampler, notes) of this node, started, on its first task under srun (SLURM_LOCALID 0)
     where power is sampled; None on any other task. It samples every GPU of the node it can
-    open, not only its task's (srun --gpus-per-task=1 leaves it one); where it can open fewer
-    than Slurm gave the node (a cgroup keeps each task to its own), (None, why): the node's
-    energy is then not measured, rather than one board counted for all."""
+    open, not only its task's (srun --gpus-per-task=1 leaves it one), and of those the job's
+    alone where the node holds more (a node shared with other jobs, whose boards a site
+    without device cgroups lets every task open): Slurm's list of the job's GPUs, read as
+    NVML's indices. Where it can open fewer than Slurm gave the node (a cgroup keeps each task
+    to its own), or more without a list that says which, (None, why): the node's energy is
+    then not measured, rather than one board counted for all or other jobs' counted too."""
     if not hz or os.environ.get("SLURM_LOCALID", "0") != "0":
         return None
-    from hpcai500_tf.cluster.slurm import slurm_node_gpus
+    from hpcai500_tf.cluster.slurm import slurm_node_gpu_ids, slurm_node_gpus
+
+    node_gpus = slurm_node_gpus(os.environ)
+    node_view = {k: v for k, v in os.environ.items() if k not in NODE_VIEW_HIDES}
+    sampler, notes = _started(hz, node_view)
+    boards = _boards(sampler)
+    if node_gpus is None or boards == node_gpus:
+        return sampler, notes
+    listed = slurm_node_gpu_ids(os.environ)
+    if boards > node_gpus and listed is not None and len(listed) == node_gpus:
+        sampler.stop()
+        node_view["CUDA_VISIBLE_DEVICES"] = ",".join(listed)
+        sampler, notes = _started(hz, node_view)
+        if _boards(sampler) == node_gpus:
+            return sampler, notes
+    if sampler is not None:
+        sampler.stop()
+    if boards < node_gpus:
+        why = f"this task reads {boards} of the {node_gpus} GPU boards Slurm gave the node"
+    else:
+        why = (f"this task reads {boards} GPU boards, more than the {node_gpus} Slurm gave "
+               "the job here, and Slurm's list of them does not single them out")  # fmt: skip
+    return None, [*notes, f"{why}: its energy is not measured"]
+
+
+def _started(hz: float, environ: dict):
     from hpcai500_tf.run.energy import start_power_sampling
 
-    node_view = {k: v for k, v in os.environ.items() if k not in NODE_VIEW_HIDES}
-    sampler, notes = start_power_sampling(hz, environ=node_view)
-    boards = len([s for s in (sampler.sources if sampler else []) if s.part == power.GPU])
-    node_gpus = slurm_node_gpus(os.environ) or 0
-    if sampler is not None and boards < node_gpus:
-        sampler.stop()
-        return None, [*notes, f"this task reads {boards} of the {node_gpus} GPU boards Slurm "
-                      "gave the node: its energy is not measured"]  # fmt: skip
-    return sampler, notes
+    return start_power_sampling(hz, environ=environ)
+
+
+def _boards(sampler) -> int:
+    return len([s for s in (sampler.sources if sampler else []) if s.part == power.GPU])
 
 
 def write_node(parent: Path, sampling, note_paths: list[Path], own_s: float, hz: float) -> None:
