@@ -2,7 +2,11 @@
 that: never a run that ended, never past MAX_SEGMENTS, never one scancel stopped. The
 decision is the script's own shell function, run here without Slurm."""
 
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +126,44 @@ def test_a_start_that_saved_nothing_is_set_aside_and_started_anew(tmp_path):
     plain = RunOptions(run_dir=run_dir, power_hz=0)
     with pytest.raises(UserError, match="config.json: already exists"):
         lifecycle.run(setup, plain, run.build_trainer)
+
+
+def test_a_sigterm_to_the_whole_batch_step_as_the_script_decides_is_still_said(tmp_path):
+    """scancel's SIGTERM reaches every process of the batch step, the subshell reading the
+    record too: the script must still say why it did not requeue, naming RUN_DIR (under
+    `set -e` the killed subshell ended it silently, now and then on the real Slurm test). The
+    step here ended at once (exit 138); the record is read by a python3 that waits to be
+    signalled."""
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    run_dir.mkdir()
+    (run_dir / "record.json").write_text('{"status": "stopped"}')
+    (run_dir / "state.json").write_text("{}")
+    reading = tmp_path / "reading"
+    fakes = {
+        "srun": "#!/bin/sh\nexit 138\n",
+        "python3": f'#!/bin/sh\ntouch "{reading}"\nsleep 2\nexec "{sys.executable}" "$@"\n',
+    }
+    for name, text in fakes.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "HPCAI500_ALLOW_CPU": "1",
+        "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "2",
+        "RUN_DIR": str(run_dir),
+    }  # fmt: skip
+    script = subprocess.Popen(
+        ["bash", str(SCRIPT), "/data", str(tmp_path / "out")], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not reading.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reading.exists(), "the script never read the record"
+    os.killpg(script.pid, signal.SIGTERM)  # as slurmstepd signals the batch step
+    output, _ = script.communicate(timeout=30)
+    assert script.returncode == 138, output
+    assert output.splitlines()[-1].startswith(
+        "slurm_train.sbatch: not requeued: cancelled: SIGTERM came"
+    ), output
+    assert output.rstrip().endswith(f"(RUN_DIR={run_dir})"), output
