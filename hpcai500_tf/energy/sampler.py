@@ -172,6 +172,16 @@ def meter_measurement(
     return _measurement(source, 0, measured, failed_reads=0, first_error=None)
 
 
+def meter_log_over(path: str, intervals: list[tuple[float, float]]) -> tuple[dict | None, list]:
+    """A node meter log read and measured over `intervals`, and its warnings; None, with why in
+    the warnings, where it cannot be used (energy is post-processing: never a lost run)."""
+    try:
+        readings, warnings = read_meter_log(path)
+    except UserError as error:
+        return None, [f"meter log not used: {error}"]
+    return meter_measurement(readings, intervals, path), warnings
+
+
 def combine_segments(segments: list[list[dict]]) -> list[dict]:
     """Add up per-source measurements of several timed segments (a resumed run)."""
     combined: dict[tuple, dict] = {}

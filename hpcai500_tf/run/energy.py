@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.energy import sampler as power
-from hpcai500_tf.energy.meter_log import read_meter_log
 from hpcai500_tf.energy.sources import discover
 from hpcai500_tf.errors import UserError
 from hpcai500_tf.run.progress import Progress
@@ -155,12 +154,9 @@ def _energy_block(progress, notes, hz, meter, other_workers, intervals, interval
     (meter_log, nodes), warnings = meter, []
     measurements = power.combine_segments(progress.energy) + list(other_workers)
     if meter_log:
-        try:
-            readings, warnings = read_meter_log(meter_log)
-            measurements.append(power.meter_measurement(readings, intervals, meter_log))
-        except UserError as error:
-            warnings.append(f"meter log not used: {error}")
-        else:
+        meter_measurement, warnings = power.meter_log_over(meter_log, intervals)
+        if meter_measurement is not None:
+            measurements.append(meter_measurement)
             notes = notes if nodes == 1 else [*notes, meter_log_scope(nodes)]
     block, more = power.energy_block(measurements, notes, interval_s, hz or None)
     if meter_log:

@@ -39,8 +39,6 @@ from pathlib import Path
 
 from hpcai500_tf import record as record_io
 from hpcai500_tf.energy import sampler as power
-from hpcai500_tf.energy.meter_log import read_meter_log
-from hpcai500_tf.errors import UserError
 from hpcai500_tf.run import throughput
 
 METHOD = (
@@ -155,12 +153,8 @@ def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: fl
     measurements = sampler.measure([(start, stop)]) if sampler is not None else []
     warnings = []
     if meter_log:
-        try:
-            readings, warnings = read_meter_log(meter_log)
-        except UserError as error:
-            warnings = [f"meter log not used: {error}"]
-        else:
-            measurements.append(power.meter_measurement(readings, [(start, stop)], meter_log))
+        meter_measurement, warnings = power.meter_log_over(meter_log, [(start, stop)])
+        measurements += [meter_measurement] if meter_measurement is not None else []
     if not measurements:
         why = "; ".join([*notes, *warnings]) or "no power source here"
         return (start, stop), record_io.energy_not_measured(why, interval_s=stop - start), []
