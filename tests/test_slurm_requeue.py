@@ -142,7 +142,7 @@ def test_a_sigterm_to_the_whole_batch_step_as_the_script_decides_is_still_said(t
     reading = tmp_path / "reading"
     fakes = {
         "srun": "#!/bin/sh\nexit 138\n",
-        "python3": f'#!/bin/sh\ntouch "{reading}"\nsleep 2\nexec "{sys.executable}" "$@"\n',
+        "python3": f'#!/bin/sh\ntouch "{reading}"\nsleep 5\nexec "{sys.executable}" "$@"\n',
     }
     for name, text in fakes.items():
         (bin_dir / name).write_text(text)
