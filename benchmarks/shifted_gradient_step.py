@@ -3,7 +3,8 @@ small-layer filter gradient of the CPU kernel set off and on (`models/kernels.py
 shifted one of stride-1 3x3 layers (`--workaround shifted`: SHIFTED_GRADIENT_MAX_SIZE 0 and
 its value), the blocked one of stride-2 3x3 layers (`--workaround space-to-depth`:
 SPACE_TO_DEPTH_MAX_OUTPUT 0 and 7) or the subsampled one of 1x1 stride-2 layers
-(`--workaround subsampled`: SUBSAMPLED_GRADIENT_MAX_OUTPUT 0 and its value). Two engines in
+(`--workaround subsampled`: SUBSAMPLED_GRADIENT_MAX_OUTPUT 0 and its value), "on" on any CPU
+(the CPU-flag gate of the last two opened for it). Two engines in
 one process, their steps alternated A B, B A, ... so that load on a shared machine hits both
 alike (after one pair that is not timed).
 
@@ -21,22 +22,28 @@ import os
 import statistics
 import time
 
-# The constant each workaround reads, and its size when on (None: the constant's value).
+# The constant each workaround reads, its size when on (None: the constant's value), and the
+# constant naming the CPU flag it is gated on (None: not gated).
 WORKAROUNDS = {
-    "shifted": ("SHIFTED_GRADIENT_MAX_SIZE", None),
-    "space-to-depth": ("SPACE_TO_DEPTH_MAX_OUTPUT", 7),
-    "subsampled": ("SUBSAMPLED_GRADIENT_MAX_OUTPUT", None),
+    "shifted": ("SHIFTED_GRADIENT_MAX_SIZE", None, None),
+    "space-to-depth": ("SPACE_TO_DEPTH_MAX_OUTPUT", 7, "SPACE_TO_DEPTH_MEASURED_ON"),
+    "subsampled": ("SUBSAMPLED_GRADIENT_MAX_OUTPUT", None, "SUBSAMPLED_GRADIENT_MEASURED_ON"),
 }
 
 
-def timed_step(precision: str, batch: int, image_size: int, constant: str, max_size: int):
+def timed_step(
+    precision: str, batch: int, image_size: int, constant: str, max_size: int, gate=None
+):
     """A function running one train step of an engine built with kernels.`constant` at
-    `max_size`, warmed up."""
+    `max_size` (and kernels.`gate`, where given, naming a flag this CPU has), warmed up."""
     from resnet_step import reference_engine
 
     from hpcai500_tf.models import kernels
 
     setattr(kernels, constant, max_size)  # read as the step is traced (below)
+    gated_on = getattr(kernels, gate) if gate else None
+    if gate:
+        setattr(kernels, gate, min(kernels.cpu_flags()))
     engine, batch_ = reference_engine(precision, batch, image_size)
 
     def step() -> float:
@@ -45,6 +52,8 @@ def timed_step(precision: str, batch: int, image_size: int, constant: str, max_s
         return time.perf_counter() - start
 
     step(), step()  # traced here, then warm
+    if gate:
+        setattr(kernels, gate, gated_on)
     return step
 
 
@@ -59,10 +68,10 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from hpcai500_tf.models import kernels
 
-    constant, on = WORKAROUNDS[args.workaround]
+    constant, on, gate = WORKAROUNDS[args.workaround]
     default = getattr(kernels, constant)
     setup = (args.precision, args.batch, args.image_size, constant)
-    steps = {"off": timed_step(*setup, 0), "on": timed_step(*setup, on or default)}
+    steps = {"off": timed_step(*setup, 0), "on": timed_step(*setup, on or default, gate)}
     setattr(kernels, constant, default)
     steps["off"](), steps["on"]()  # the first step after the other engine's build ran slow
     times = {"off": [], "on": []}

@@ -554,14 +554,23 @@ def test_the_space_to_depth_filter_gradient_counts_the_flops_of_the_native_one()
     assert count.by_op_type == {"MatMul": 2.0 * (2 * 4 * 4 * 6) * 3 * 3 * 3}
 
 
-@pytest.mark.parametrize("size,blocked", [(14, True), (13, True), (15, False), (16, False)])
+@pytest.mark.parametrize(
+    "flags,size,blocked",
+    [
+        ({"amx_bf16"}, 14, True),
+        ({"amx_bf16"}, 13, True),
+        ({"amx_bf16"}, 15, False),
+        ({"amx_bf16"}, 16, False),
+        ({"avx512_bf16"}, 14, False),  # slower over the whole step on a Zen 5 EPYC
+    ],
+)
 def test_small_strided_bfloat16_3x3_conv_takes_the_blocked_gradient_and_trains(
-    size, blocked, monkeypatch
+    flags, size, blocked, monkeypatch
 ):
-    """Turned on at 7, the CPU set's symmetric-padding bfloat16 3x3 stride-2 layers with
+    """On CPUs with AMX, the CPU set's symmetric-padding bfloat16 3x3 stride-2 layers with
     outputs up to 7x7 take the blocked filter gradient (no Conv2DBackpropFilter in the graph),
     within bfloat16 rounding of the exact one (5 % of the sum of the products' magnitudes)."""
-    monkeypatch.setattr(kernels, "SPACE_TO_DEPTH_MAX_OUTPUT", 7)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags)
     layer = kernels.CPUSymmetricPaddingConv2D(
         4, 3, strides=2, padding="same", use_bias=False, dtype="mixed_bfloat16",
         kernel_initializer=keras.initializers.GlorotUniform(seed=12),

@@ -36,9 +36,9 @@ The CPU workarounds, each with the measurements that justify it (on this project
   `benchmarks/shifted_gradient_step.py --workaround subsampled`).
 - The strided counterpart (`strided_small_bfloat16_conv`, which the CPU set's
   `CPUSymmetricPaddingConv2D` takes): four matmuls over 2x2 blocks of the input for a
-  bfloat16 3x3 stride-2 layer with a small output; off by default
-  (`SPACE_TO_DEPTH_MAX_OUTPUT`): its layer ran 2x faster on a Zen 5 EPYC, the whole step not
-  (docs/performance.md).
+  bfloat16 3x3 stride-2 layer with an output up to 7x7 (ResNet-50's last strided layer), on
+  CPUs with AMX only (`SPACE_TO_DEPTH_MAX_OUTPUT`): the whole bf16 step 1.02-1.03x there; on
+  a Zen 5 EPYC its layer ran 2x faster, the whole step not (docs/performance.md).
 - `ReLU` computes the bfloat16 ReLU as an int16 max over the bits: 4.5 ms instead of
   TensorFlow's 21 ms at 32x56x56x256, 4.3 % of the bfloat16 ResNet-50 train step at batch 32.
   It zeroes NaNs with the sign bit set; `finiteness_variables` and `finiteness_term` give the
@@ -293,12 +293,14 @@ def _takes_shifted_gradient(inputs, kernel_size) -> bool:
 
 
 # bfloat16 3x3 stride-2 convolutions with outputs no larger than this (height and width) take
-# their filter gradient from `space_to_depth_filter_gradient`. Off (0): on a Zen 5 EPYC (2
-# cores, batch 32) it ran 2.9x Conv2DBackpropFilter at 7x7 outputs (ResNet-50's last strided
-# layer) and the layer 2x, but the whole bf16 step's median was 1.7-2.8 % slower with it at 7
-# in three runs (`benchmarks/shifted_gradient_step.py --workaround space-to-depth`, which
-# turns it on): a CPU with AMX decides whether it is set to 7 (docs/performance.md).
-SPACE_TO_DEPTH_MAX_OUTPUT = 0
+# their filter gradient from `space_to_depth_filter_gradient`, on CPUs with this feature, where
+# it was measured: on an AMX Xeon (2 cores, batch 32, 2026-12-06) the whole bf16 step 1.022x
+# (10 of 10 pairs, `benchmarks/shifted_gradient_step.py --workaround space-to-depth`) and
+# 1.033x in fresh processes (6 of 6 rounds); at 14 (stage 4 too) no faster than at 7. On a
+# Zen 5 EPYC it ran 2.9x Conv2DBackpropFilter at 7x7 outputs but the whole step 1.7-2.8 %
+# slower in three runs: CPUs without AMX keep oneDNN's (docs/performance.md).
+SPACE_TO_DEPTH_MAX_OUTPUT = 7
+SPACE_TO_DEPTH_MEASURED_ON = "amx_bf16"
 
 
 @tf.custom_gradient
@@ -357,7 +359,7 @@ def space_to_depth_filter_gradient(padded, upstream):
 def takes_space_to_depth_gradient(padded, kernel_size, strides) -> bool:
     """Whether a VALID convolution over `padded` goes through `strided_small_bfloat16_conv`:
     bfloat16, 3x3, stride 2, an output of known size no larger than
-    SPACE_TO_DEPTH_MAX_OUTPUT."""
+    SPACE_TO_DEPTH_MAX_OUTPUT, on a CPU where it was measured."""
     height, width = padded.shape[1:3]
     return (
         padded.dtype == tf.bfloat16
@@ -366,6 +368,7 @@ def takes_space_to_depth_gradient(padded, kernel_size, strides) -> bool:
         and height is not None
         and width is not None
         and (max(height, width) - 3) // 2 + 1 <= SPACE_TO_DEPTH_MAX_OUTPUT
+        and SPACE_TO_DEPTH_MEASURED_ON in cpu_flags()
     )
 
 
@@ -443,7 +446,8 @@ class SymmetricPaddingConv2D(layers.Conv2D):
 class CPUSymmetricPaddingConv2D(SymmetricPaddingConv2D):
     """The CPU kernel set's: a bfloat16 3x3 stride-2 layer over a small output takes its filter
     gradient from 2x2 blocks of its input (`strided_small_bfloat16_conv`), when
-    SPACE_TO_DEPTH_MAX_OUTPUT turns it on (off by default: then it is its parent)."""
+    SPACE_TO_DEPTH_MAX_OUTPUT and SPACE_TO_DEPTH_MEASURED_ON allow (AMX: elsewhere it is its
+    parent)."""
 
     def valid_convolution(self, padded, kernel):
         channels_last = self.data_format == "channels_last"
