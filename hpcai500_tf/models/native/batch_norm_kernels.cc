@@ -76,33 +76,33 @@ void BatchNormApply(const S* __restrict x, S* __restrict y, int64_t first, int64
 }
 
 template <typename S>
-void BatchNormAddApply(const S* __restrict x, const S* __restrict side, S* __restrict y,
+void BatchNormAddApply(const S* __restrict x, const S* side, S* y,  // y may be over side
                        int64_t first, int64_t last, int64_t channels,
                        const float* __restrict mean, const float* __restrict a,
                        const float* __restrict offset) {
   for (int64_t r = first; r < last; ++r) {
     const S* __restrict row = x + r * channels;
-    const S* __restrict add = side + r * channels;
-    S* __restrict out = y + r * channels;
+    const S* add = side + r * channels;
+    S* out = y + r * channels;
     for (int64_t c = 0; c < channels; ++c)
       Store(Relu((Load(row[c]) - mean[c]) * a[c] + offset[c] + Load(add[c])), out + c);
   }
 }
 
 template <typename S>
-void BatchNormAddGradSums(const S* __restrict dy, const S* __restrict dy_again,
-                          const S* __restrict y, const S* __restrict x, S* __restrict g,
+void BatchNormAddGradSums(const S* dy, const S* dy_again,  // g may be written over either
+                          const S* __restrict y, const S* __restrict x, S* g,
                           int64_t first, int64_t last, int64_t channels,
                           const float* __restrict mean, float* __restrict sum,
                           float* __restrict products) {
   const S zero{};  // +0 in either storage
   for (int64_t r = first; r < last; ++r) {
-    const S* __restrict dyr = dy + r * channels;
+    const S* dyr = dy + r * channels;
     const S* __restrict yr = y + r * channels;
     const S* __restrict xr = x + r * channels;
-    S* __restrict gr = g + r * channels;
+    S* gr = g + r * channels;
     if (dy_again != nullptr) {
-      const S* __restrict again = dy_again + r * channels;
+      const S* again = dy_again + r * channels;
       for (int64_t c = 0; c < channels; ++c) Store(Load(dyr[c]) + Load(again[c]), gr + c);
     }
     for (int64_t c = 0; c < channels; ++c) {
@@ -141,15 +141,15 @@ void BatchNormGradSums(const S* __restrict dy, const S* __restrict x, int64_t fi
 }
 
 template <typename S>
-void BatchNormGradApply(const S* __restrict dy, const S* __restrict x, S* __restrict dx,
+void BatchNormGradApply(const S* dy, const S* x, S* dx,  // dx may be written over dy or x
                         int64_t first, int64_t last, int64_t channels,
                         const float* __restrict mean, const float* __restrict a,
                         const float* __restrict offset, const float* __restrict slope,
                         const float* __restrict constant, bool relu) {
   for (int64_t r = first; r < last; ++r) {
-    const S* __restrict xr = x + r * channels;
-    const S* __restrict dyr = dy + r * channels;
-    S* __restrict out = dx + r * channels;
+    const S* xr = x + r * channels;
+    const S* dyr = dy + r * channels;
+    S* out = dx + r * channels;
     if (relu) {
       for (int64_t c = 0; c < channels; ++c) {
         float centred = Load(xr[c]) - mean[c];

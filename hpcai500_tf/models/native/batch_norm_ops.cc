@@ -222,8 +222,13 @@ class BatchNormOp : public OpKernel {
                 absl::InvalidArgumentError("side needs the shape of x"));
     const int64_t channels = Channels(x_in);
     if (!OneValuePerChannel(ctx, kScale, kScale + 4, channels)) return;
-    Tensor* y_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x_in.shape(), &y_out));
+    Tensor* y_out;  // with the add, written over side where nothing else holds it (into
+                    // lines just read: no read for ownership); x is kept for the gradient
+    if (kAdd) {
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({1}, 0, x_in.shape(), &y_out));
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x_in.shape(), &y_out));
+    }
     if (kAdd && ctx->num_outputs() > 5) ctx->set_output(5, *y_out);  // y_again: same buffer
     float* out[4];
     for (int i = 0; i < 4; ++i) {
@@ -314,10 +319,20 @@ class BatchNormGradOp : public OpKernel {
                 absl::InvalidArgumentError("y needs the shape of x"));
     const int64_t channels = Channels(x_in);
     if (!OneValuePerChannel(ctx, kX + 1, 6 + more, channels)) return;
+    // dx and dside over inputs that nothing else holds, each read at the element it writes:
+    // written into lines just read, the writes need no read for ownership. dx: over dy or x
+    // (x or y with the add, where dside holds the masked dy); dside: over a dy.
     Tensor *dx_out, *dside_out = nullptr, *dscale_out, *doffset_out;
     int next = 0;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, x_in.shape(), &dx_out));
-    if (kAdd) OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, x_in.shape(), &dside_out));
+    const std::vector<int> dx_over =
+        kAdd ? std::vector<int>{kX, kX - 1} : std::vector<int>{0, kX};
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(dx_over, next++, x_in.shape(),
+                                                              &dx_out));
+    if (kAdd) {
+      const std::vector<int> dside_over = more ? std::vector<int>{0, 1} : std::vector<int>{0};
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(dside_over, next++,
+                                                                x_in.shape(), &dside_out));
+    }
     OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, TensorShape({channels}), &dscale_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, TensorShape({channels}), &doffset_out));
     const int64_t rows = channels == 0 ? 0 : x_in.NumElements() / channels;
