@@ -35,15 +35,17 @@ def timed_step(
     precision: str, batch: int, image_size: int, constant: str, max_size: int, gate=None
 ):
     """A function running one train step of an engine built with kernels.`constant` at
-    `max_size` (and kernels.`gate`, where given, naming a flag this CPU has), warmed up."""
+    `max_size` (and the CPU flag that kernels.`gate` names taken as present, where given),
+    warmed up. Its step is traced once (the same batch every time), so what it was built with
+    stays, whatever the constants are later."""
     from resnet_step import reference_engine
 
     from hpcai500_tf.models import kernels
 
     setattr(kernels, constant, max_size)  # read as the step is traced (below)
-    gated_on = getattr(kernels, gate) if gate else None
-    if gate:
-        setattr(kernels, gate, min(kernels.cpu_flags()))
+    flags = kernels.cpu_flags
+    if gate:  # this CPU's flags and the gate's own, while the step is traced
+        kernels.cpu_flags = lambda: set(flags()) | {getattr(kernels, gate)}
     engine, batch_ = reference_engine(precision, batch, image_size)
 
     def step() -> float:
@@ -52,8 +54,7 @@ def timed_step(
         return time.perf_counter() - start
 
     step(), step()  # traced here, then warm
-    if gate:
-        setattr(kernels, gate, gated_on)
+    kernels.cpu_flags = flags
     return step
 
 

@@ -18,7 +18,8 @@ GPU. Per step variant:
 
 The image size changes the graph only where the CPU kernel set in bfloat16 gives layers over
 small inputs (up to 7x7) another filter gradient (`models/kernels.py`); the default, 224, counts
-the step that trains (tracing computes nothing, so the size costs no time).
+the step that trains (tracing computes nothing, so the size costs no time). The bf16 CPU counts
+also depend on the CPU that traces: some of those gradients are taken on AMX only.
 
     python benchmarks/train_step_ops.py [--by-type] [--json FILE]
 """

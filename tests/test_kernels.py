@@ -603,7 +603,8 @@ def test_small_strided_bfloat16_3x3_conv_takes_the_blocked_gradient_and_trains(
     ],
 )
 def test_only_the_cpu_set_builds_the_blocked_strided_layer(choice, expected):
-    """(The layer that can take it; off by default, it convolves as the stock one does.)"""
+    """(The layer that can take it; where its gate is closed, it convolves as the stock one
+    does.)"""
     model = _tiny_resnet(choice)
     strided = {
         type(layer).__name__ for layer in model.layers if "Symmetric" in type(layer).__name__

@@ -315,8 +315,8 @@ def test_outputs_written_over_their_inputs_are_what_fresh_outputs_are(dtype, rel
     """In a graph whose inputs nothing else holds, TensorFlow lets the kernels write y over
     side, dx over dy or x (or y) and dside over dy, each element after its last read; eagerly,
     the inputs held here, every output has a buffer of its own. Both give the same bits (rows
-    and channels that fill no whole vector included)."""
-    inputs = _inputs(dtype, shape=(3, 9, 11, 37))
+    and channels that fill no whole vector included, over more than one block of rows)."""
+    inputs = _inputs(dtype, shape=(5, 20, 23, 37))  # 85,100 values: more than one block
     fresh = _native(*inputs, relu, residual)
 
     @tf.function

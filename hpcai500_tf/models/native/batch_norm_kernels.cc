@@ -270,9 +270,9 @@ void BatchNormAddGradSums(const S* dy, const S* dy_again, const S* y, const S* x
         if (dy_again != nullptr) {  // the sum as S holds it: stored, then read back
           Store(_mm512_maskz_add_ps(passes, Load(dy + at, m), Load(dy_again + at, m)), g + at, m);
           gv = Load(g + at, m);
-        } else {
-          CopyWhere(dy + at, g + at, passes, m);
+        } else {  // dy read before g, which may be written over it
           gv = _mm512_maskz_mov_ps(passes, Load(dy + at, m));
+          CopyWhere(dy + at, g + at, passes, m);
         }
         s = _mm512_add_ps(s, gv);
         p = _mm512_fmadd_ps(gv, _mm512_sub_ps(Load(x + at, m), centre), p);
