@@ -331,6 +331,32 @@ def test_outputs_written_over_their_inputs_are_what_fresh_outputs_are(dtype, rel
             np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
+def test_two_upstreams_written_over_are_what_fresh_outputs_are(dtype):
+    """The gradients of y and y_again reach one kernel, which may write dside over either
+    (and dx over x) where nothing else holds them: the same bits as with fresh outputs."""
+    x, side, upstream, scale, offset, moving = _inputs(dtype, shape=(5, 20, 23, 37))
+    other = tf.cast(tf.random.stateless_normal(x.shape, [13, 14]), dtype)
+
+    def gradients(x, side, upstream, other):
+        with tf.GradientTape() as tape:
+            tape.watch([x, side, scale, offset])
+            y, y_again, _, _ = native.batch_norm_add(
+                x, side, scale, offset, *moving, EPSILON, FACTOR, again=True
+            )
+        return tape.gradient(
+            [y, y_again], [x, side, scale, offset], output_gradients=[upstream, other]
+        )
+
+    @tf.function
+    def over_inputs(*tensors):
+        return gradients(*[tf.raw_ops.DeepCopy(x=t) for t in tensors])  # held by nothing else
+
+    fresh = gradients(x, side, upstream, other)
+    for got, want in zip(over_inputs(x, side, upstream, other), fresh, strict=True):
+        np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+
+
 def test_y_given_more_than_twice_is_refused():
     """The op's attr allows any count of y_again; the kernel gives one at most, and says so."""
     x, side, _, scale, offset, moving = _inputs(tf.float32)
