@@ -271,6 +271,10 @@ def test_xla_refuses_the_native_batch_norm_in_one_line():
     assert "\n" not in str(error.value)
 
 
+def _assert_same_bits(got, want):
+    np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
 def test_the_gradients_of_y_and_y_again_are_added_in_the_kernel(dtype):
     """y_again is y; its gradient and y's reach one HpcaiBatchNormAddGrad, no AddN, and give
@@ -300,7 +304,7 @@ def test_the_gradients_of_y_and_y_again_are_added_in_the_kernel(dtype):
     types = [node.op for node in graph.node]
     assert "AddN" not in types and types.count("HpcaiBatchNormAddGrad") == 1
     for got, want in zip(both(x, side), summed(x, side), strict=True):
-        np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+        _assert_same_bits(got, want)
     y, y_again, _, _ = native.batch_norm_add(
         x, side, scale, offset, *moving, EPSILON, 0.1, again=True
     )
@@ -328,7 +332,7 @@ def test_outputs_written_over_their_inputs_are_what_fresh_outputs_are(dtype, rel
     written_over = over_inputs(*inputs[:3])
     for got, want in zip(tf.nest.flatten(written_over), tf.nest.flatten(fresh), strict=True):
         if want is not None:
-            np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+            _assert_same_bits(got, want)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
@@ -354,7 +358,7 @@ def test_two_upstreams_written_over_are_what_fresh_outputs_are(dtype):
 
     fresh = gradients(x, side, upstream, other)
     for got, want in zip(over_inputs(x, side, upstream, other), fresh, strict=True):
-        np.testing.assert_array_equal(tf.cast(got, tf.float32), tf.cast(want, tf.float32))
+        _assert_same_bits(got, want)
 
 
 def test_y_given_more_than_twice_is_refused():

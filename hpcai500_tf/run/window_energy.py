@@ -154,7 +154,8 @@ def sampled(parent: Path, members: list[dict], sampler, notes: list[str], hz: fl
     warnings = []
     if meter_log:
         meter_measurement, warnings = power.meter_log_over(meter_log, [(start, stop)])
-        measurements += [meter_measurement] if meter_measurement is not None else []
+        if meter_measurement is not None:
+            measurements.append(meter_measurement)
     if not measurements:
         why = "; ".join([*notes, *warnings]) or "no power source here"
         return (start, stop), record_io.energy_not_measured(why, interval_s=stop - start), []

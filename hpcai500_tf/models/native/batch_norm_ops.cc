@@ -324,13 +324,11 @@ class BatchNormGradOp : public OpKernel {
     // (x or y with the add, where dside holds the masked dy); dside: over a dy.
     Tensor *dx_out, *dside_out = nullptr, *dscale_out, *doffset_out;
     int next = 0;
-    const std::vector<int> dx_over =
-        kAdd ? std::vector<int>{kX, kX - 1} : std::vector<int>{0, kX};
+    const int dx_over[] = {kAdd ? kX : 0, kAdd ? kX - 1 : kX}, dside_over[] = {0, 1};
     OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(dx_over, next++, x_in.shape(),
                                                               &dx_out));
     if (kAdd) {
-      const std::vector<int> dside_over = more ? std::vector<int>{0, 1} : std::vector<int>{0};
-      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(dside_over, next++,
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({dside_over, 1u + more}, next++,
                                                                 x_in.shape(), &dside_out));
     }
     OP_REQUIRES_OK(ctx, ctx->allocate_output(next++, TensorShape({channels}), &dscale_out));
