@@ -11,6 +11,7 @@ steps). To compare two checkouts, run it from each (the
 project is imported from the checkout the script is in when PYTHONPATH names it).
 
     python benchmarks/step_profile.py [--precision mixed] [--batch 32] [--steps 2]
+    python benchmarks/step_profile.py --set "model.kernels='cpu-workarounds'"
     python benchmarks/step_profile.py --trace RUN_DIR/tensorboard
 """
 
@@ -67,7 +68,9 @@ def occupancy(intervals: list) -> dict:
     return {"none": spans[0], "one": spans[1], "two or more": spans[2]}
 
 
-def traced_steps(precision: str, batch: int, image_size: int, steps: int, out: Path) -> None:
+def traced_steps(
+    precision: str, batch: int, image_size: int, steps: int, out: Path, overrides=()
+) -> None:
     """Trace `steps` train steps into `out`, after one untraced and one traced into a scratch
     directory: the profiler's first traced step ran 1.9x as long as the next ones (the stage-2
     batch norms 12x: 100 against 8 ms each, bf16 on an AMX Xeon), so it is left out."""
@@ -75,7 +78,7 @@ def traced_steps(precision: str, batch: int, image_size: int, steps: int, out: P
     import tensorflow as tf
     from resnet_step import reference_engine
 
-    engine, (images, labels) = reference_engine(precision, batch, image_size)
+    engine, (images, labels) = reference_engine(precision, batch, image_size, overrides)
     step = engine.traced_train_step  # (images, labels)
     float(step(images, labels))
     with tempfile.TemporaryDirectory(prefix="hpcai500-profiler-warm-up-") as warm_up:
@@ -97,13 +100,16 @@ def main() -> None:
     parser.add_argument("--trace", help="read this trace (a file or a directory) instead")
     parser.add_argument("--top", type=int, default=25, help="op types printed")
     parser.add_argument("--json", help="also write the seconds per step by op type here")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hpcai500-step-profile-") as scratch:
         if args.trace:
             trace, steps = Path(args.trace), args.steps
         else:
             trace, steps = Path(scratch), args.steps
-            traced_steps(args.precision, args.batch, args.image_size, steps, trace)
+            traced_steps(args.precision, args.batch, args.image_size, steps, trace, args.set)
         intervals: list = []
         seconds = op_times(trace, intervals)
     busy = sum(seconds.values())

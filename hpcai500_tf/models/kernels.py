@@ -69,8 +69,8 @@ from hpcai500_tf.models.kernel_choices import KERNEL_CHOICES
 
 AUTO, STOCK, CPU_WORKAROUNDS, NATIVE_BATCH_NORM, GPU_FUSED_BATCH_NORM = KERNEL_CHOICES
 # The CPU features where the native batch norm was measured to speed up the whole train step
-# (docs/performance.md: AMX Xeons; AVX-512 BF16 without AMX on AMD Zen 4, where its AVX-512
-# loops run too); elsewhere (AVX2, AVX-512 without BF16) "auto" keeps FusedBatchNormV3.
+# (docs/performance.md: AMX Xeons; AVX-512 BF16 without AMX on AMD Zen 4 and Zen 5, where its
+# AVX-512 loops run too); elsewhere (AVX2, AVX-512 without BF16) "auto" keeps FusedBatchNormV3.
 NATIVE_BATCH_NORM_MEASURED_ON = ("amx_bf16", "avx512_bf16")
 
 
