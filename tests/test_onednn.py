@@ -103,3 +103,25 @@ def test_how_the_state_was_found_is_no_difference_of_the_system(published_record
         assert scoring.submission_key(a) == scoring.submission_key(other)
     b["layers"]["L4"]["onednn"] = False
     assert [d.field for d in compare.layer_differences(a, b)[0]] == ["onednn"]
+
+
+@pytest.mark.parametrize(
+    ("value", "warned"),
+    [(None, False), ("0", False), ("false", False), ("", False), ("1", True), ("True", True)],
+)
+def test_the_system_allocator_is_named_where_tensorflow_would_take_it(value, warned):
+    environ = {} if value is None else {onednn.SYSTEM_ALLOCATOR: value}
+    said = onednn.system_allocator_warning(environ)
+    assert (said is not None) is warned
+    if warned:
+        assert said.startswith(f"TF_ONEDNN_USE_SYSTEM_ALLOCATOR={value}: ") and "0.66" in said
+
+
+def test_a_run_records_that_the_system_allocator_was_set(monkeypatch):
+    from hpcai500_tf import config
+    from hpcai500_tf.engine import run
+    from hpcai500_tf.run.options import RunOptions
+
+    monkeypatch.setenv(onednn.SYSTEM_ALLOCATOR, "1")
+    trainer = run.build_trainer(config.prepare("image_classification", "tiny", []), RunOptions())
+    assert onednn.system_allocator_warning({onednn.SYSTEM_ALLOCATOR: "1"}) in trainer.warnings

@@ -7,6 +7,9 @@ operations are on by default only where the CPU has one of DEFAULT_ON_FEATURES (
 or BF16, AVX-VNNI, AMX: Intel Sapphire Rapids and later, AMD Zen 4 and later), so an AVX2-only
 CPU (AMD Zen 3, Intel before Cascade Lake) runs without them; TF_ENABLE_ONEDNN_OPTS set to
 0/false or 1/true (any case) overrides the default, and any other value leaves it.
+
+Also a warning for the record where TF_ONEDNN_USE_SYSTEM_ALLOCATOR sends oneDNN's memory to
+the system allocator, a setting some vendors' recipes export, which slowed the train step here.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 
 # /proc/cpuinfo's names of the features TensorFlow's default tests (port::CPUFeature).
 DEFAULT_ON_FEATURES = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+SYSTEM_ALLOCATOR = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
 REPORT = "TensorFlow's own report (IsMklEnabled(), tensorflow.python.util._pywrap_util_port)"
 
 
@@ -75,3 +79,19 @@ def onednn_state(flags: set[str]) -> tuple[bool | None, str]:
         flags, platform.machine(), sys.platform, os.environ.get("TF_ENABLE_ONEDNN_OPTS")
     )
     return state(reported_by_tensorflow(), default)
+
+
+def system_allocator_warning(environ) -> str | None:
+    """Why a run may be slower than it could be where `environ` turns TF_ONEDNN_USE_SYSTEM_ALLOCATOR
+    on as TensorFlow reads it (ReadBoolFromEnvVar: 1 or true, any case); None elsewhere. The
+    ResNet-50 train step ran 0.657x as fast with it on a Zen 5 EPYC (fp32; 840,507 page faults
+    per step against 3,989) and 0.882x on an AMX Xeon (bf16; 30,000 against 8,000-13,500),
+    `benchmarks/train_step_variants.py` (docs/performance.md)."""
+    value = environ.get(SYSTEM_ALLOCATOR)
+    if value is None or value.strip().lower() not in ("1", "true"):
+        return None
+    return (
+        f"{SYSTEM_ALLOCATOR}={value}: oneDNN takes its memory from the system allocator, which "
+        "made the ResNet-50 train step 0.66-0.88x as fast on the CPUs measured "
+        "(docs/performance.md); unset it for a run whose speed counts"
+    )

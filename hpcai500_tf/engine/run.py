@@ -16,7 +16,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from hpcai500_tf.config import Setup
-from hpcai500_tf.engine import cluster, devices
+from hpcai500_tf.engine import cluster, devices, onednn
 from hpcai500_tf.engine import strategy as strategies
 from hpcai500_tf.engine.library_layers import library_layers
 from hpcai500_tf.engine.loop import Engine
@@ -169,11 +169,14 @@ def build_trainer(setup: Setup, options: RunOptions, view=None) -> TensorFlowTra
         if chief_view:
             chief_view.message(warning)
     model, training = setup.config.get("model", {}), setup.config.get("training", {})
-    fallback = kernels.auto_fallback(model.get("kernels", "auto"), bool(training.get("xla")))
-    if fallback:  # a run that could have been faster says why it was not
-        warnings.append(fallback)
+    slower = (
+        kernels.auto_fallback(model.get("kernels", "auto"), bool(training.get("xla"))),
+        onednn.system_allocator_warning(os.environ),
+    )
+    for warning in filter(None, slower):  # a run that could have been faster says why not
+        warnings.append(warning)
         if chief_view:
-            chief_view.message(fallback)
+            chief_view.message(warning)
     if trainer.workers > 1:
         check_multi_worker(trainer, fingerprint(setup.config))
     warnings += trainer.check_data(chief_view)  # e.g. fewer validation files than workers
