@@ -104,6 +104,8 @@ def main() -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"
     )
     args = parser.parse_args()
+    if args.trace and args.set:
+        parser.error("--set applies to the steps traced here, not to a --trace read")
     with tempfile.TemporaryDirectory(prefix="hpcai500-step-profile-") as scratch:
         if args.trace:
             trace, steps = Path(args.trace), args.steps

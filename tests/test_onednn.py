@@ -107,14 +107,17 @@ def test_how_the_state_was_found_is_no_difference_of_the_system(published_record
 
 @pytest.mark.parametrize(
     ("value", "warned"),
-    [(None, False), ("0", False), ("false", False), ("", False), ("1", True), ("True", True)],
-)
+    [(None, False), ("0", False), ("false", False), ("", False), (" 1", False),
+     ("1", True), ("True", True)],
+)  # fmt: skip
 def test_the_system_allocator_is_named_where_tensorflow_would_take_it(value, warned):
     environ = {} if value is None else {onednn.SYSTEM_ALLOCATOR: value}
-    said = onednn.system_allocator_warning(environ)
+    said = onednn.system_allocator_warning(environ, True)
     assert (said is not None) is warned
     if warned:
         assert said.startswith(f"TF_ONEDNN_USE_SYSTEM_ALLOCATOR={value}: ") and "0.66" in said
+        assert onednn.system_allocator_warning(environ, None) == said  # not reported: kept
+        assert onednn.system_allocator_warning(environ, False) is None  # oneDNN off: unread
 
 
 def test_a_run_records_that_the_system_allocator_was_set(monkeypatch):
@@ -122,6 +125,10 @@ def test_a_run_records_that_the_system_allocator_was_set(monkeypatch):
     from hpcai500_tf.engine import run
     from hpcai500_tf.run.options import RunOptions
 
-    monkeypatch.setenv(onednn.SYSTEM_ALLOCATOR, "1")
+    # Python's view of the environment only: TensorFlow reads the process's once, at its first
+    # oneDNN allocation, and the rest of this test process must not run on the system allocator.
+    monkeypatch.setattr(os, "environ", {**os.environ, onednn.SYSTEM_ALLOCATOR: "1"})
+    monkeypatch.setattr(onednn, "reported_by_tensorflow", lambda: True)
     trainer = run.build_trainer(config.prepare("image_classification", "tiny", []), RunOptions())
-    assert onednn.system_allocator_warning({onednn.SYSTEM_ALLOCATOR: "1"}) in trainer.warnings
+    warning = onednn.system_allocator_warning({onednn.SYSTEM_ALLOCATOR: "1"}, True)
+    assert warning in trainer.warnings

@@ -81,14 +81,16 @@ def onednn_state(flags: set[str]) -> tuple[bool | None, str]:
     return state(reported_by_tensorflow(), default)
 
 
-def system_allocator_warning(environ) -> str | None:
+def system_allocator_warning(environ, onednn_on: bool | None) -> str | None:
     """Why a run may be slower than it could be where `environ` turns TF_ONEDNN_USE_SYSTEM_ALLOCATOR
-    on as TensorFlow reads it (ReadBoolFromEnvVar: 1 or true, any case); None elsewhere. The
-    ResNet-50 train step ran 0.657x as fast with it on a Zen 5 EPYC (fp32; 840,507 page faults
-    per step against 3,989) and 0.882x on an AMX Xeon (bf16; 30,000 against 8,000-13,500),
-    `benchmarks/train_step_variants.py` (docs/performance.md)."""
+    on as TensorFlow reads it (ReadBoolFromEnvVar: 1 or true, any case, nothing stripped) and
+    oneDNN is on (`onednn_on`: TensorFlow's report; its oneDNN allocator, the only reader of
+    the variable, serves only then); None elsewhere. The ResNet-50 train step ran 0.657x as
+    fast with it on a Zen 5 EPYC (fp32; 840,507 page faults per step against 3,989) and 0.882x
+    on an AMX Xeon (bf16; 30,000 against 8,000-13,500), `benchmarks/train_step_variants.py`
+    (docs/performance.md)."""
     value = environ.get(SYSTEM_ALLOCATOR)
-    if value is None or value.strip().lower() not in ("1", "true"):
+    if onednn_on is False or value is None or value.lower() not in ("1", "true"):
         return None
     return (
         f"{SYSTEM_ALLOCATOR}={value}: oneDNN takes its memory from the system allocator, which "

@@ -171,7 +171,7 @@ def build_trainer(setup: Setup, options: RunOptions, view=None) -> TensorFlowTra
     model, training = setup.config.get("model", {}), setup.config.get("training", {})
     slower = (
         kernels.auto_fallback(model.get("kernels", "auto"), bool(training.get("xla"))),
-        onednn.system_allocator_warning(os.environ),
+        onednn.system_allocator_warning(os.environ, onednn.reported_by_tensorflow()),
     )
     for warning in filter(None, slower):  # a run that could have been faster says why not
         warnings.append(warning)
