@@ -11,6 +11,7 @@ run/predictions.py to save.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,7 @@ class ExtremeWeather:
     def __init__(self, preset: dict, data_dir: str | None):
         self.data, self.model_config = data_and_model(self.name, preset)
         d = self.data
-        # What the model is built with and L7 records: "auto" resolved on this machine.
-        xla = bool(preset.get("training", {}).get("xla", False))
-        self.kernels = resolve(self.model_config.kernels, xla)
+        self.xla = bool(preset.get("training", {}).get("xla", False))
         self.data_name = DATASET_NAMES[d.source]
         self.facts: dict = {}  # L9 facts found in the files (none for random data)
         # An ensemble member: its bootstrap sample of the training split, and the detections
@@ -93,6 +92,12 @@ class ExtremeWeather:
         self.sample = bootstrap.member_sample(
             seed, d.bootstrap_member, self.train_examples, self.facts
         )
+
+    @functools.cached_property
+    def kernels(self) -> str:
+        """What the model is built with and L7 records: "auto" resolved on this machine, on
+        first use (after the data checks: resolving may build the native kernels first)."""
+        return resolve(self.model_config.kernels, self.xla)
 
     def _record_data_facts(self, shape: tuple[int, int]) -> None:
         """What the checked files hold, compared with the benchmark's reference data: the

@@ -12,6 +12,7 @@ model itself stays the plain ResNet-50.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 
 import keras
@@ -37,9 +38,7 @@ class ImageClassification:
 
     def __init__(self, preset: dict, data_dir: str | None):
         self.data, self.model_config = data_and_model(self.name, preset)
-        # What the model is built with and L7 records: "auto" resolved on this machine.
-        xla = bool(preset.get("training", {}).get("xla", False))
-        self.kernels = resolve(self.model_config.kernels, xla)
+        self.xla = bool(preset.get("training", {}).get("xla", False))
         self.data_dir = data_dir
         # What procedural examples are drawn from: the run's seed, whatever orders them.
         self.content_seed = int(preset.get("training", {}).get("seed", 0))
@@ -65,6 +64,12 @@ class ImageClassification:
         # An ensemble member: its bootstrap sample of the training split, and the evaluation
         # probabilities it keeps (run/predictions.py saves them); None for any other run.
         self.sample, self.predictions = self._bootstrap_sample(), None
+
+    @functools.cached_property
+    def kernels(self) -> str:
+        """What the model is built with and L7 records: "auto" resolved on this machine, on
+        first use (after the data checks: resolving may build the native kernels first)."""
+        return resolve(self.model_config.kernels, self.xla)
 
     def _bootstrap_sample(self):
         """An ensemble member's draw (None for any other run); for TFRecords also each
