@@ -308,7 +308,7 @@ def test_the_gradients_of_y_and_y_again_are_added_in_the_kernel(dtype):
     y, y_again, _, _ = native.batch_norm_add(
         x, side, scale, offset, *moving, EPSILON, 0.1, again=True
     )
-    np.testing.assert_array_equal(tf.cast(y, tf.float32), tf.cast(y_again, tf.float32))
+    _assert_same_bits(y, y_again)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
