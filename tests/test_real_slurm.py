@@ -34,6 +34,9 @@ ADDRESSES = {"node9": "10.90.0.9", "node10": "10.90.0.10"}
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 SRUN_LIMIT_S = 300
 FAKE_GPUS = 2  # per node, through Slurm's generic resources
+# One test process runs this module's tests beside the other real-Slurm module's (CI's
+# `--dist loadgroup`): one cluster at a time.
+pytestmark = pytest.mark.xdist_group("real_slurm")
 
 
 def _tool(name: str) -> str:

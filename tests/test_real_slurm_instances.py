@@ -18,6 +18,9 @@ from tests.test_energy import RaplWriter, _zone
 from tests.test_real_slurm import CLI, _wait_for, real_slurm  # noqa: F401 (the fixture)
 
 WATTS = 60.0  # the simulated package's power, read on each node
+# One test process runs this module's tests beside the other real-Slurm module's (CI's
+# `--dist loadgroup`): one cluster at a time.
+pytestmark = pytest.mark.xdist_group("real_slurm")
 
 
 @pytest.mark.slow
