@@ -636,18 +636,33 @@ def test_scancel_stops_a_two_task_run_mid_epoch_within_killwait(real_slurm, tmp_
         assert f"{node}: task {task}: Exited with exit code 143" in output, output
 
 
-def _segmented_job_past_epoch_1(real_slurm, tmp_path: Path, settings: str) -> str:
+def _segmented_job_past_epoch_1(
+    real_slurm, tmp_path: Path, settings: str, linger_s: int = 0
+) -> str:
     """The shipped sbatch running a real tiny `train` (`settings` added) in its
-    --resume-or-start RUN_DIR under TMP/out/runs, two tasks, once epoch 1 is evaluated."""
+    --resume-or-start RUN_DIR under TMP/out/runs, two tasks, once epoch 1 is evaluated. With
+    `linger_s`, each task stays up to that long after its `train` ended (until a SIGTERM), with
+    `train`'s exit code, having made TMP/lingering-<its SLURM_PROCID>: the step is still running
+    after the run stopped."""
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir()
     out.mkdir()
+    train = (
+        f"{CLI} train image_classification --preset tiny {settings} "
+        '--power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
+    )
+    if linger_s:  # a no-op trap: this shell outlives the stop signals, `train` gets its own
+        lingering = f'touch "{tmp_path}/lingering-$SLURM_PROCID"'
+        train = (
+            f"trap : USR1 TERM\n{train}code=$?\n{lingering}\n"
+            f"sleep {linger_s} & wait $!\nexit $code\n"
+        )
     (bin_dir / "hpcai500-tf").write_text(
         "#!/bin/sh\n"
         "unset SLURM_GPUS_ON_NODE SLURM_JOB_GPUS SLURM_STEP_GPUS SLURMD_TRES_BIND\n"
         'while [ $# -gt 0 ]; do [ "$1" = --resume-or-start ] && dir=$2; shift; done\n'
-        f"exec {CLI} train image_classification --preset tiny {settings} "
-        '--power-hz 0 --no-tensorboard --resume-or-start "$dir"\n'
+        + ("" if linger_s else "exec ")
+        + train
     )
     (bin_dir / "hpcai500-tf").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{SEARCH_PATH}"}
@@ -684,13 +699,20 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_completes(real_s
 
 @pytest.mark.slow
 def test_a_job_cancelled_after_its_warning_is_not_requeued(real_slurm, tmp_path):
-    """scancel in the minutes between Slurm's warning (SIGUSR1) and the time limit: the run
-    stops at its checkpoint as for any scancel, and the job is not requeued (a person or the
-    scheduler ended it; only the time limit's stop is continued)."""
+    """scancel after Slurm's warning (SIGUSR1), while its step is still running: the job is not
+    requeued (a person or the scheduler ended it; only the time limit's stop is continued).
+    The run stops at its checkpoint for the warning; its tasks then stay up (`linger_s`) so
+    that the scancel lands before the script decides, however loaded the machine (a fixed
+    pause lost that race to a fast stop under two test processes)."""
     out = tmp_path / "out"
-    job = _segmented_job_past_epoch_1(real_slurm, tmp_path, "--set training.epochs=200")
+    job = _segmented_job_past_epoch_1(
+        real_slurm, tmp_path, "--set training.epochs=200", linger_s=60
+    )
     real_slurm.on("node9", "scancel", "--signal=USR1", "--batch", job)
-    time.sleep(0.3)  # the warning taken: the script passed it to srun
+    _wait_for(
+        "both tasks' runs stopped", lambda: len(list(tmp_path.glob("lingering-*"))) == 2, 120,
+        lambda: real_slurm.job_output(job) + real_slurm.logs(),
+    )  # fmt: skip
     real_slurm.on("node9", "scancel", job)
     state, code = real_slurm.finished(job, limit_s=120)
     time.sleep(3)  # a requeued job would be pending again by now
@@ -698,6 +720,7 @@ def test_a_job_cancelled_after_its_warning_is_not_requeued(real_slurm, tmp_path)
     assert not real_slurm.on("node9", "squeue", "-h", "-j", job).stdout.strip(), output
     assert "requeued" not in output.replace("not requeued", ""), output
     assert "not requeued: cancelled: SIGTERM came" in output, output
+    assert "run stopped: stopped by SIGUSR1" in output, output  # the warning stopped it
     assert state == "CANCELLED", f"{state} {code}{output}"
     record = json.loads((out / "runs" / f"slurm-{job}" / "record.json").read_text())
     assert record["status"] == "stopped", record["warnings"]
