@@ -1,11 +1,13 @@
 """The ResNet-50 v1.5 step the step benchmarks time: the reference preset on random data at a
 given batch, image size and precision, on the default strategy (one replica), built as `train`
-builds it; shared by step_profile.py, train_step_vs_pytorch.py, layers_vs_pytorch.py and
-shifted_gradient_step.py, with the environment their child processes run in.
+builds it; shared by step_profile.py, train_step_vs_pytorch.py, layers_vs_pytorch.py,
+shifted_gradient_step.py and step_vs_ceiling.py, with the environment their child processes run
+in and the arguments of those that time it over rounds.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -21,6 +23,18 @@ def benchmark_env(root: Path, keep_freed_memory: bool) -> dict:
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
     return {**env, **KEEP_FREED_MEMORY} if keep_freed_memory else env
+
+
+def step_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """The arguments of a script that times the whole step in fresh processes over rounds:
+    the step's batch and image size, timed steps after a warm-up, rounds."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
 
 
 def reference_engine(precision: str, batch: int, image_size: int, overrides=()):

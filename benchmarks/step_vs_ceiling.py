@@ -17,7 +17,6 @@ the rounds is reported, with each round's.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -25,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from resnet_step import benchmark_env
+from resnet_step import benchmark_env, step_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPE = {"fp32": "fp32", "mixed": "bf16"}  # each step precision's ceiling
@@ -96,12 +95,7 @@ def report(precision: str, rounds: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = step_parser(__doc__, rounds=3)
     parser.add_argument("--precisions", default="fp32,mixed")
     parser.add_argument("--conv-batch", type=int, help="the ceiling's conv batch (plan's: 8)")
     parser.add_argument("--keep-freed-memory", action="store_true")

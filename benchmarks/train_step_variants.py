@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from resnet_step import step_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,13 +87,8 @@ def report(names: list[str], runs: dict, batch: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = step_parser(__doc__, rounds=3)
     parser.add_argument("--precision", default="mixed", choices=("fp32", "mixed"))
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", default=[], help="NAME:ITEM,ITEM")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)

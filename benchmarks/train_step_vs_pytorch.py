@@ -20,7 +20,6 @@ before/after ratio measured side by side. Each side imports the project from its
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -30,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from resnet_step import benchmark_env
+from resnet_step import benchmark_env, step_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "baseline"  # the TensorFlow step of the checkout at --baseline
@@ -185,12 +184,7 @@ def report_precision(runs: dict, precision: str, frameworks: tuple, batch: int) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser = step_parser(__doc__, rounds=2)
     parser.add_argument("--precisions", default="fp32,mixed")
     parser.add_argument("--keep-freed-memory", action="store_true")
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "PRECISION"))
