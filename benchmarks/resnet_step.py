@@ -25,15 +25,28 @@ def benchmark_env(root: Path, keep_freed_memory: bool) -> dict:
     return {**env, **KEEP_FREED_MEMORY} if keep_freed_memory else env
 
 
+def _at_least(minimum: int):
+    """argparse's type for a whole number of at least `minimum` (a one-line refusal else)."""
+
+    def whole(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of at least {minimum}"
+            )
+        return int(text)
+
+    return whole
+
+
 def step_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
     """The arguments of a script that times the whole step in fresh processes over rounds:
-    the step's batch and image size, timed steps after a warm-up, rounds."""
+    the step's batch and image size, timed steps after a warm-up (which may be 0), rounds."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--batch", type=_at_least(1), default=32)
+    parser.add_argument("--image-size", type=_at_least(1), default=224)
+    parser.add_argument("--steps", type=_at_least(1), default=5)
+    parser.add_argument("--warmup", type=_at_least(0), default=2)
+    parser.add_argument("--rounds", type=_at_least(1), default=rounds)
     return parser
 
 

@@ -75,3 +75,13 @@ def test_step_vs_ceiling_measures_both_in_one_run(tmp_path):
     share = row["step_flops"] / seconds / row["conv_ceilings"][0]
     assert row["median_share"] == pytest.approx(share)
     assert result.stdout.startswith("cpu: ") and "fp32 conv ceiling" in result.stdout
+
+
+@pytest.mark.parametrize("script", ["step_vs_ceiling", "train_step_vs_pytorch"])
+def test_a_step_script_refuses_a_count_below_one_in_one_line(script):
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{script}.py"), "--rounds", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].endswith("'0' is not a whole number of at least 1")
