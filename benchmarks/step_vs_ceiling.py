@@ -106,9 +106,11 @@ def main() -> None:
         from hpcai500_tf.freed_memory import keep_freed_memory
 
         keep_freed_memory()  # as the project's commands run (train_step_vs_pytorch.py too)
-        what, which = args.one
-        measured = conv_ceiling(which, args.conv_batch) if what == "ceiling" else None
-        print(json.dumps(measured or step_rate(which, args)))
+        what, which = args.one  # ("ceiling", a dtype) or ("step", a precision)
+        if what == "ceiling":
+            print(json.dumps(conv_ceiling(which, args.conv_batch)))
+        else:
+            print(json.dumps(step_rate(which, args)))
         return
     precisions = args.precisions.split(",")
     unknown = set(precisions) - set(DTYPE)
