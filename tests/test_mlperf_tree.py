@@ -56,6 +56,21 @@ def _logger(lines: list, rank: int):
     return mllog.mllog.MLLogger(logger=log)
 
 
+def _optimizer_settings(optimizer: str, epochs: int) -> dict:
+    """The hyperparameter lines a ResNet log states for its optimizer ("lars" or SGD's)."""
+    if optimizer == "lars":
+        return {"lars_opt_base_learning_rate": 10.5, "lars_opt_end_learning_rate": 0.0001,
+                "lars_opt_learning_rate_decay_poly_power": 2,
+                "lars_opt_learning_rate_decay_steps": epochs, "lars_epsilon": 0.0,
+                "lars_opt_learning_rate_warmup_epochs": 2, "lars_opt_momentum": 0.9,
+                "lars_opt_weight_decay": 0.0002}  # fmt: skip
+    return {"sgd_opt_base_learning_rate": 2.0, "sgd_opt_end_learning_rate": 0.0001,
+            "sgd_opt_learning_rate_decay_poly_power": 2,
+            "sgd_opt_learning_rate_decay_steps": epochs, "sgd_opt_weight_decay": 0.0001,
+            "sgd_opt_momentum": 0.9, "model_bn_span": 64,
+            "opt_learning_rate_warmup_epochs": 3}  # fmt: skip
+
+
 def write_log(
     path: Path,
     *,
@@ -91,19 +106,7 @@ def write_log(
     zero.event(key="global_batch_size", value=batch, time_ms=t + 11)
     zero.event(key="gradient_accumulation_steps", value=1, time_ms=t + 11)
     zero.event(key="opt_name", value=optimizer, time_ms=t + 12)
-    if optimizer == "lars":
-        settings = {"lars_opt_base_learning_rate": 10.5, "lars_opt_end_learning_rate": 0.0001,
-                    "lars_opt_learning_rate_decay_poly_power": 2,
-                    "lars_opt_learning_rate_decay_steps": epochs, "lars_epsilon": 0.0,
-                    "lars_opt_learning_rate_warmup_epochs": 2, "lars_opt_momentum": 0.9,
-                    "lars_opt_weight_decay": 0.0002}  # fmt: skip
-    else:
-        settings = {"sgd_opt_base_learning_rate": 2.0, "sgd_opt_end_learning_rate": 0.0001,
-                    "sgd_opt_learning_rate_decay_poly_power": 2,
-                    "sgd_opt_learning_rate_decay_steps": epochs, "sgd_opt_weight_decay": 0.0001,
-                    "sgd_opt_momentum": 0.9, "model_bn_span": 64,
-                    "opt_learning_rate_warmup_epochs": 3}  # fmt: skip
-    for key, value in settings.items():
+    for key, value in _optimizer_settings(optimizer, epochs).items():
         zero.event(key=key, value=value, time_ms=t + 12)
     t += 60_000
     zero.end(key="init_stop", time_ms=t)

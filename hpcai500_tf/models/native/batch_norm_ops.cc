@@ -288,6 +288,21 @@ class BatchNormOp : public OpKernel {
   bool relu_;
 };
 
+// dscale and doffset from the two sums, and dx's per-channel coefficients:
+// dx = a (g - sum / n - (x - mean) inv_std dscale / n) = a g + slope (x - mean) + constant.
+void GradientCoefficients(const std::vector<double>& sum, const std::vector<double>& products,
+                          const std::vector<float>& a, const float* inv_std, int64_t rows,
+                          float* dscale, float* doffset, std::vector<float>* slope,
+                          std::vector<float>* constant) {
+  for (size_t c = 0; c < sum.size(); ++c) {
+    doffset[c] = static_cast<float>(sum[c]);
+    double dscale_c = products[c] * inv_std[c];
+    dscale[c] = static_cast<float>(dscale_c);
+    (*slope)[c] = static_cast<float>(-static_cast<double>(a[c]) * inv_std[c] * dscale_c / rows);
+    (*constant)[c] = static_cast<float>(-a[c] * sum[c] / rows);
+  }
+}
+
 // Backward: HpcaiBatchNormGrad (kAdd false: dy, x, scale, offset, mean, inverse std; the
 // ReLU's mask recomputed from x) and HpcaiBatchNormAddGrad (kAdd true: one or two dy, y, x,
 // scale, mean, inverse std; the mask from y, and dside, the dy sum where it passed, as an
@@ -363,18 +378,9 @@ class BatchNormGradOp : public OpKernel {
           }
         },
         &sum, &products);
-    // dx = a (g - sum / n - (x - mean) inv_std dscale / n)
-    //    = a g + slope (x - mean) + constant
-    float* dscale = dscale_out->flat<float>().data();
-    float* doffset = doffset_out->flat<float>().data();
     std::vector<float> slope(channels), constant(channels);
-    for (int64_t c = 0; c < channels; ++c) {
-      doffset[c] = static_cast<float>(sum[c]);
-      double dscale_c = products[c] * inv_std[c];
-      dscale[c] = static_cast<float>(dscale_c);
-      slope[c] = static_cast<float>(-static_cast<double>(a[c]) * inv_std[c] * dscale_c / rows);
-      constant[c] = static_cast<float>(-a[c] * sum[c] / rows);
-    }
+    GradientCoefficients(sum, products, a, inv_std, rows, dscale_out->flat<float>().data(),
+                         doffset_out->flat<float>().data(), &slope, &constant);
     auto* dx = Data<T>(dx_out);
     ForBlocks(ctx, blocks, channels, [&](int64_t from, int64_t to, int64_t) {
       if (kAdd) {  // g as written by the first pass: no mask to apply again
